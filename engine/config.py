@@ -1,0 +1,88 @@
+"""Engine settings: model, device, KV pool size, batching limits and fairness."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL = "bundled:SmolLM2-135M-Instruct"
+
+
+class KVLayout(enum.StrEnum):
+    """How KV memory is handed to requests."""
+
+    PAGED = "paged"
+    CONTIGUOUS = "contiguous"
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Limits the scheduler enforces every step."""
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    max_waiting: int = 256
+    aging_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        """Reject limits that could never schedule anything."""
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_waiting"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.aging_seconds <= 0:
+            raise ValueError(f"aging_seconds must be > 0, got {self.aging_seconds}")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Everything needed to start an engine.
+
+    ``kv_budget`` is the KV pool size: bytes when above 1, else a fraction of the memory
+    free after the weights are loaded.
+    """
+
+    model: str = DEFAULT_MODEL
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    kv_budget: float = 256 * 2**20
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None
+    max_waiting: int = 256
+    aging_seconds: float = 10.0
+    kv_layout: KVLayout = KVLayout.PAGED
+    attention_backend: str = "auto"
+    cache_dir: Path | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        """Reject settings that cannot work, naming the setting."""
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        if self.kv_budget <= 0:
+            raise ValueError(f"kv_budget must be > 0, got {self.kv_budget}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(
+                f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
+            )
+        self.kv_layout = KVLayout(self.kv_layout)
+        if self.cache_dir is not None:
+            self.cache_dir = Path(self.cache_dir)
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        """The scheduler's share of the settings, once the model's context is known."""
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            max_waiting=self.max_waiting,
+            aging_seconds=self.aging_seconds,
+        )
