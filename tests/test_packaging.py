@@ -1,0 +1,197 @@
+"""The repository's packaging: the library mapping, the built wheel, HACS and manifest rules."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "custom_components" / "paged_llm" / "manifest.json"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_editable_install_maps_folders_to_paged_llm() -> None:
+    import paged_llm.engine
+    import paged_llm.kernels
+
+    assert Path(paged_llm.engine.__file__).parent == ROOT / "engine"
+    assert Path(paged_llm.kernels.__file__).parent == ROOT / "kernels"
+
+
+def test_no_generic_top_level_modules(tmp_path: Path) -> None:
+    # Hugging Face ships a real package named `kernels`; ours must never shadow it. Checked
+    # in a fresh interpreter away from the checkout, as Home Assistant would import.
+    probe = (
+        "import importlib.util as u, sys;"
+        "print([n for n in ('engine', 'kernels') if (s := u.find_spec(n)) and s.origin and"
+        f" s.origin.startswith({str(ROOT)!r})])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", probe],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_library_declares_python_and_dependencies() -> None:
+    project = PYPROJECT["project"]
+    assert project["requires-python"] == ">=3.12"
+    names = {
+        dep.split(">")[0].split("=")[0].split("<")[0].strip() for dep in project["dependencies"]
+    }
+    assert {"torch", "transformers", "gguf", "numpy"} <= names
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.fail("uv is needed to build the wheel (scripts/setup installs it)")
+    subprocess.run(
+        [
+            uv,
+            "build",
+            "--wheel",
+            "--no-build-isolation",
+            "--python",
+            sys.executable,
+            "--out-dir",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (built,) = out.glob("paged_llm-*.whl")
+    return built
+
+
+def test_wheel_holds_only_the_namespaced_packages(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    code = [n for n in names if n.endswith(".py")]
+    assert any(n == "paged_llm/engine/scheduler.py" for n in code)
+    assert any(n.startswith("paged_llm/kernels/") for n in code)
+    assert all(n.startswith(("paged_llm/engine/", "paged_llm/kernels/")) for n in code)
+    assert "paged_llm/engine/py.typed" in names
+
+
+def test_wheel_installs_and_imports_without_the_checkout(wheel: Path, tmp_path: Path) -> None:
+    uv = shutil.which("uv")
+    assert uv is not None
+    venv = tmp_path / "venv"
+    subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [uv, "pip", "install", "--quiet", "--no-deps", "--python", str(python), str(wheel)],
+        check=True,
+    )
+    # The heavy dependencies come from the dev venv's site-packages through a plain path
+    # line; its editable-install hook is a .pth file there, which such a path never runs.
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(site, "dev_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    probe = (
+        "import paged_llm.engine.scheduler, paged_llm.kernels, paged_llm.engine as e;"
+        "print(e.__file__)"
+    )
+    result = subprocess.run(
+        [str(python), "-I", "-c", probe], cwd=tmp_path, check=True, capture_output=True, text=True
+    )
+    location = Path(result.stdout.strip())
+    assert location.is_relative_to(venv), location
+    assert not location.is_relative_to(ROOT)
+
+
+def test_hacs_json() -> None:
+    hacs = json.loads((ROOT / "hacs.json").read_text())
+    allowed = {
+        "name",
+        "content_in_root",
+        "zip_release",
+        "filename",
+        "hide_default_branch",
+        "country",
+        "homeassistant",
+        "persistent_directory",
+        "render_readme",
+    }
+    assert set(hacs) <= allowed
+    assert hacs["name"]
+    assert hacs.get("content_in_root") is False
+    from awesomeversion import AwesomeVersion
+
+    assert AwesomeVersion(hacs["homeassistant"]).valid
+
+
+def test_manifest_follows_hassfest_rules() -> None:
+    from awesomeversion import AwesomeVersion, AwesomeVersionStrategy
+
+    manifest = json.loads(MANIFEST.read_text())
+    keys = list(manifest)
+    # hassfest: domain, name, then every other key in alphabetical order.
+    assert keys[:2] == ["domain", "name"]
+    assert keys[2:] == sorted(keys[2:])
+    assert manifest["domain"] == "paged_llm" == MANIFEST.parent.name
+    for key in (
+        "codeowners",
+        "config_flow",
+        "dependencies",
+        "documentation",
+        "integration_type",
+        "iot_class",
+        "issue_tracker",
+        "requirements",
+        "version",
+    ):
+        assert key in manifest, key
+    assert manifest["config_flow"] is True
+    assert (MANIFEST.parent / "config_flow.py").is_file()
+    assert manifest["integration_type"] in {
+        "device",
+        "entity",
+        "hardware",
+        "helper",
+        "hub",
+        "service",
+        "system",
+        "virtual",
+    }
+    assert manifest["iot_class"] in {
+        "assumed_state",
+        "cloud_polling",
+        "cloud_push",
+        "local_polling",
+        "local_push",
+        "calculated",
+    }
+    assert manifest["documentation"].startswith("https://")
+    assert isinstance(manifest["requirements"], list) and manifest["requirements"]
+    assert isinstance(manifest["dependencies"], list)
+    version = AwesomeVersion(manifest["version"])
+    assert version.strategy in {AwesomeVersionStrategy.SEMVER, AwesomeVersionStrategy.SIMPLEVER}
+    assert manifest["version"] == PYPROJECT["project"]["version"]
+
+
+def test_brand_icon() -> None:
+    from PIL import Image
+
+    icon = Image.open(MANIFEST.parent / "brand" / "icon.png")
+    assert icon.format == "PNG"
+    assert icon.size == (256, 256)
