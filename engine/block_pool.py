@@ -37,6 +37,7 @@ class BlockPool:
         "_block_size",
         "_cached",
         "_enable_caching",
+        "_extra_refs",
         "_free",
         "_hashes",
         "_num_blocks",
@@ -55,6 +56,7 @@ class BlockPool:
         self._hashes: list[BlockHash | None] = [None] * num_blocks
         self._cached: dict[BlockHash, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._extra_refs = 0
 
     @property
     def num_blocks(self) -> int:
@@ -80,6 +82,11 @@ class BlockPool:
     def num_used_blocks(self) -> int:
         """Blocks with at least one user."""
         return self._num_blocks - len(self._free)
+
+    @property
+    def num_extra_refs(self) -> int:
+        """References beyond the first, over all blocks: how often a block is shared."""
+        return self._extra_refs
 
     @property
     def num_cached_blocks(self) -> int:
@@ -121,6 +128,8 @@ class BlockPool:
         for block_id in block_ids:
             if self._ref_counts[block_id] == 0:
                 del self._free[block_id]
+            else:
+                self._extra_refs += 1
             self._ref_counts[block_id] += 1
 
     def free(self, block_ids: Iterable[int]) -> None:
@@ -130,7 +139,9 @@ class BlockPool:
             if count <= 0:
                 raise RuntimeError(f"block {block_id} freed more often than taken")
             self._ref_counts[block_id] = count - 1
-            if count == 1:
+            if count > 1:
+                self._extra_refs -= 1
+            else:
                 self._free[block_id] = None
                 if self._hashes[block_id] is None:
                     # Nothing reusable in it: hand it out before any cached block.

@@ -159,12 +159,14 @@ class KVCacheManager:
 
     @property
     def num_live_tokens(self) -> int:
-        """Tokens whose K/V is stored, over all sequences holding blocks."""
+        """Tokens whose K/V is stored, a token in a shared block counted once."""
         b = self._block_size
-        return sum(
+        per_seq = sum(
             min(len(self._tables[rid]) * b, seq.num_computed_tokens)
             for rid, seq in self._seqs.items()
         )
+        # Shared blocks are full and computed in every table holding them.
+        return per_seq - self._pool.num_extra_refs * b
 
     @property
     def num_allocated_slots(self) -> int:

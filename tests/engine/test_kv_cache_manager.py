@@ -1,0 +1,204 @@
+"""KV cache managers: block tables, prefix lookups, exact can_allocate, figures, contiguous."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
+from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+
+
+def make_seq(rid: str, prompt: list[int], max_tokens: int = 8) -> Sequence:
+    return Sequence(rid, prompt, SamplingParams(max_tokens=max_tokens), Priority.INTERACTIVE, 0.0)
+
+
+def compute(kv: KVCacheManager, seq: Sequence, num_tokens: int) -> None:
+    """Allocate and mark ``num_tokens`` more tokens computed, as a step would."""
+    kv.allocate(seq, num_tokens)
+    seq.num_computed_tokens += num_tokens
+    kv.cache_blocks(seq)
+
+
+def test_allocate_grows_the_live_table_block_by_block() -> None:
+    kv = KVCacheManager(10, 4)
+    seq = make_seq("a", list(range(10)))
+    assert kv.can_allocate(seq, 10)
+    kv.allocate(seq, 10)
+    table = kv.block_table(seq)
+    assert table == [0, 1, 2]
+    seq.num_computed_tokens = 10
+    kv.allocate(seq, 1)  # position 10 still fits the third block
+    assert kv.block_table(seq) is table
+    assert table == [0, 1, 2]
+    seq.num_computed_tokens = 12
+    kv.allocate(seq, 1)
+    assert table == [0, 1, 2, 3]
+    assert (kv.num_used_blocks, kv.num_free_blocks) == (4, 6)
+    assert kv.usage == pytest.approx(0.4)
+    assert kv.num_allocated_slots == 16
+    assert kv.num_live_tokens == 12
+
+
+def test_prefix_lookup_counts_tokens_once_per_admission_and_takes_no_reference() -> None:
+    kv = KVCacheManager(20, 4)
+    a = make_seq("a", list(range(12)))
+    compute(kv, a, 12)
+    b = make_seq("b", [*range(12), 99, 98])
+    assert kv.get_computed_tokens(b) == 12
+    assert kv.get_computed_tokens(b) == 12  # a retry replaces the first lookup
+    assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (12 + 14, 12)
+    assert [kv.pool.ref_count(x) for x in kv.block_table(a)] == [1, 1, 1]
+    kv.allocate(b, 2)
+    assert (b.num_computed_tokens, b.num_cached_tokens) == (12, 12)
+    assert kv.block_table(b)[:3] == kv.block_table(a)
+    assert [kv.pool.ref_count(x) for x in kv.block_table(a)] == [2, 2, 2]
+    assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (12 + 14, 12)
+    # Shared tokens are stored once.
+    assert kv.num_live_tokens == 12
+    assert kv.num_allocated_slots == 4 * 4
+
+
+def test_full_hit_leaves_the_last_token_to_compute() -> None:
+    kv = KVCacheManager(20, 4)
+    compute(kv, make_seq("a", list(range(8))), 8)
+    assert kv.get_computed_tokens(make_seq("b", list(range(8)))) == 4
+    assert kv.get_computed_tokens(make_seq("c", list(range(9)))) == 8
+
+
+def test_partial_blocks_and_uncomputed_blocks_are_not_cached() -> None:
+    kv = KVCacheManager(20, 4)
+    a = make_seq("a", list(range(10)))
+    kv.allocate(a, 10)
+    a.num_computed_tokens = 6  # only the first block is full and computed
+    kv.cache_blocks(a)
+    assert kv.get_computed_tokens(make_seq("b", list(range(10)))) == 4
+
+
+def test_can_allocate_counts_idle_cached_hits_as_used_free_blocks() -> None:
+    kv = KVCacheManager(8, 4)
+    a = make_seq("a", list(range(16)))
+    compute(kv, a, 16)
+    kv.free(a)
+    assert kv.num_free_blocks == 8
+    b = make_seq("b", [*range(16), *range(100, 116)])
+    # 4 revived cached blocks + 4 fresh ones is exactly the pool ...
+    assert kv.can_allocate(b, 16)
+    # ... one token more needs a ninth block.
+    assert not kv.can_allocate(b, 17)
+    with pytest.raises(RuntimeError, match="cannot allocate"):
+        kv.allocate(b, 17)
+    assert kv.num_free_blocks == 8  # a failed allocate changes nothing
+    kv.allocate(b, 16)
+    assert b.num_computed_tokens == 16
+    assert kv.num_free_blocks == 0
+
+
+def test_free_is_idempotent_and_releases_tail_first() -> None:
+    kv = KVCacheManager(6, 2)
+    a = make_seq("a", list(range(6)))
+    compute(kv, a, 6)
+    table = list(kv.block_table(a))
+    kv.free(a)
+    kv.free(a)
+    assert kv.num_used_blocks == 0
+    assert kv.pool.free_block_ids()[-3:] == table[::-1]
+    with pytest.raises(KeyError, match="holds no KV blocks"):
+        kv.block_table(a)
+
+
+def test_disabled_prefix_caching_never_hits() -> None:
+    kv = KVCacheManager(10, 4, enable_prefix_caching=False)
+    compute(kv, make_seq("a", list(range(12))), 12)
+    b = make_seq("b", list(range(12)))
+    assert kv.get_computed_tokens(b) == 0
+    assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (12 + 12, 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 24), st.integers(0, 30)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_can_allocate_is_exact(requests: list[tuple[int, int, int]]) -> None:
+    """Whatever is cached and held, allocate succeeds exactly when can_allocate says so."""
+    kv = KVCacheManager(10, 4)
+    prefixes = [[], [1] * 8, [1] * 8 + [2] * 8, [3] * 12]
+    held: list[Sequence] = []
+    for n, (prefix, extra, new_tokens) in enumerate(requests):
+        seq = make_seq(f"r{n}", prefixes[prefix] + [n + 10] * extra)
+        ok = kv.can_allocate(seq, new_tokens)
+        before = (kv.num_free_blocks, kv.num_used_blocks)
+        try:
+            kv.allocate(seq, new_tokens)
+        except RuntimeError:
+            assert not ok
+            assert (kv.num_free_blocks, kv.num_used_blocks) == before
+            if held:
+                kv.free(held.pop(0))
+            continue
+        assert ok
+        seq.num_computed_tokens = min(seq.num_tokens, seq.num_computed_tokens + new_tokens)
+        kv.cache_blocks(seq)
+        held.append(seq)
+        if n % 3 == 2:
+            kv.free(held.pop(0))
+
+
+# --- contiguous baseline ------------------------------------------------------------
+
+
+def test_contiguous_reserves_the_whole_request_at_once() -> None:
+    kv = ContiguousKVCacheManager(20, 4, max_model_len=64)
+    seq = make_seq("a", list(range(10)), max_tokens=10)  # 20 tokens: 5 blocks
+    assert kv.max_blocks(seq) == 5
+    assert kv.get_computed_tokens(seq) == 0
+    kv.allocate(seq, 10)
+    assert kv.block_table(seq) == [0, 1, 2, 3, 4]
+    seq.num_computed_tokens = 10
+    assert kv.can_allocate(seq, 10)
+    assert not kv.can_allocate(seq, 11)
+    assert (kv.num_used_blocks, kv.num_allocated_slots, kv.num_live_tokens) == (5, 20, 10)
+    assert kv.prefix_cache_queries == 10
+    assert kv.prefix_cache_hits == 0
+    kv.free(seq)
+    kv.free(seq)
+    assert kv.free_extents == [(0, 20)]
+
+
+def test_contiguous_max_model_len_reservation() -> None:
+    kv = ContiguousKVCacheManager(40, 4, max_model_len=64, reserve="max_model_len")
+    seq = make_seq("a", [1, 2, 3], max_tokens=2)
+    assert kv.max_blocks(seq) == 16
+    kv.allocate(seq, 3)
+    assert kv.num_used_blocks == 16
+    assert kv.num_live_tokens == 0
+    with pytest.raises(ValueError, match="reserve"):
+        ContiguousKVCacheManager(4, 4, 16, reserve="bogus")
+
+
+def test_contiguous_first_fit_fragments_and_coalesces() -> None:
+    kv = ContiguousKVCacheManager(12, 4, max_model_len=64)
+    a, b, c = (make_seq(r, [1] * 4, max_tokens=12) for r in "abc")  # 4 blocks each
+    for s in (a, b, c):
+        kv.allocate(s, 4)
+    kv.free(a)
+    kv.free(c)
+    assert kv.free_extents == [(0, 4), (8, 4)]
+    big = make_seq("big", [1] * 4, max_tokens=28)  # 8 blocks: 8 free, but in two holes
+    assert kv.num_free_blocks == 8
+    assert not kv.can_allocate(big, 4)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kv.allocate(big, 4)
+    small = make_seq("small", [1] * 4, max_tokens=4)  # 2 blocks: first fit, the front hole
+    kv.allocate(small, 4)
+    assert kv.block_table(small) == [0, 1]
+    kv.free(b)
+    kv.free(small)
+    assert kv.free_extents == [(0, 12)]
+    assert kv.can_allocate(big, 4)
