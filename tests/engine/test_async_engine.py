@@ -1,0 +1,159 @@
+"""The async engine: concurrent streams, cancellation, crash handling, metrics, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+import pytest
+
+from paged_llm.engine.async_engine import AsyncEngine
+from paged_llm.engine.errors import EngineDeadError, InvalidSamplingParams, RequestRejected
+from paged_llm.engine.metrics import MetricsSnapshot
+from paged_llm.engine.sequence import FinishReason, Priority, SamplingParams
+
+from conftest import make_loaded
+
+
+async def started(**overrides: object) -> AsyncEngine:
+    loaded, config = make_loaded(vocab_size=49152, **overrides)  # type: ignore[arg-type]
+    engine = AsyncEngine(config, loaded=loaded)
+    await engine.start()
+    return engine
+
+
+async def collect(engine: AsyncEngine, prompt, params, priority=Priority.INTERACTIVE):
+    outs = [out async for out in engine.generate(prompt, params, priority)]
+    return outs
+
+
+async def test_concurrent_streams_complete_and_free_their_blocks() -> None:
+    engine = await started()
+    try:
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        prompts = ["Turn on the lights", [{"role": "user", "content": "Hi!"}], "x " * 200]
+        prios = [Priority.INTERACTIVE, Priority.AUTOMATION, Priority.BACKGROUND]
+        results = await asyncio.gather(
+            *(collect(engine, p, params, c) for p, c in zip(prompts, prios, strict=True))
+        )
+        for outs in results:
+            assert outs[-1].finished
+            assert outs[-1].finish_reason is FinishReason.LENGTH
+            assert outs[-1].completion_tokens == 8
+            assert sum(len(o.token_ids) for o in outs) == 8
+            assert not any(o.finished for o in outs[:-1])
+        # Chat messages went through the chat template: more tokens than the text alone.
+        assert results[1][-1].prompt_tokens > 5
+        await asyncio.sleep(0.05)
+        assert engine.engine.kv_manager.num_used_blocks == 0
+    finally:
+        await engine.stop()
+
+
+async def test_leaving_the_stream_aborts_and_frees() -> None:
+    engine = await started()
+    try:
+        params = SamplingParams(max_tokens=500, ignore_eos=True)
+        async for _ in engine.generate("Tell me a long story", params):
+            break
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if not engine.engine.has_unfinished():
+                break
+        assert not engine.engine.has_unfinished()
+        assert engine.engine.kv_manager.num_used_blocks == 0
+    finally:
+        await engine.stop()
+
+
+async def test_cancelling_the_task_aborts_and_frees() -> None:
+    engine = await started()
+    try:
+        task = asyncio.create_task(
+            collect(engine, "story", SamplingParams(max_tokens=500, ignore_eos=True))
+        )
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if not engine.engine.has_unfinished():
+                break
+        assert engine.engine.kv_manager.num_used_blocks == 0
+    finally:
+        await engine.stop()
+
+
+async def test_rejections_reach_only_their_caller() -> None:
+    engine = await started(max_model_len=256)
+    try:
+        good = asyncio.create_task(collect(engine, "hello", SamplingParams(max_tokens=4)))
+        with pytest.raises(RequestRejected) as info:
+            await collect(engine, "word " * 300, SamplingParams(max_tokens=4))
+        assert info.value.code == "context_too_long"
+        with pytest.raises(RequestRejected, match="empty"):
+            await collect(engine, "", SamplingParams())
+        with pytest.raises(InvalidSamplingParams):
+            await collect(engine, "hi", SamplingParams(temperature=-1))
+        with pytest.raises(ValueError, match="unknown priority"):
+            await collect(engine, "hi", SamplingParams(), "urgent")
+        outs = await good
+        assert outs[-1].finished
+        assert engine.is_running
+    finally:
+        await engine.stop()
+
+
+async def test_a_crash_fails_pending_requests_and_marks_the_engine_failed() -> None:
+    engine = await started()
+    boom = RuntimeError("simulated device fault")
+
+    def explode(*args: object, **kwargs: object) -> None:
+        raise boom
+
+    engine.engine.runner.execute = explode  # type: ignore[method-assign]
+    with pytest.raises(EngineDeadError, match="simulated device fault"):
+        await asyncio.wait_for(collect(engine, "hi", SamplingParams(max_tokens=4)), 10)
+    assert engine.error is boom
+    assert not engine.is_running
+    with pytest.raises(EngineDeadError):
+        await collect(engine, "hi", SamplingParams(max_tokens=4))
+    await engine.stop()
+
+
+async def test_metrics_are_pushed_and_settle_to_idle() -> None:
+    engine = await started()
+    snapshots: list[MetricsSnapshot] = []
+    unsubscribe = engine.subscribe(snapshots.append)
+    try:
+        params = SamplingParams(max_tokens=40, ignore_eos=True)
+        await asyncio.gather(*(collect(engine, f"request {i}", params) for i in range(4)))
+        await asyncio.sleep(1.2)
+        assert snapshots, "no snapshot was pushed"
+        assert any(s.num_requests_running > 0 and s.kv_blocks_used > 0 for s in snapshots)
+        gaps = [b.timestamp - a.timestamp for a, b in itertools.pairwise(snapshots)]
+        assert all(g > 0.5 for g in gaps[:-1]), gaps
+        last = engine.metrics()
+        assert last.kv_blocks_used == 0
+        assert last.num_requests_running == 0
+        assert last.generation_tokens_total == 160
+        assert last.time_to_first_token_seconds["interactive"].count == 4
+    finally:
+        unsubscribe()
+        await engine.stop()
+
+
+async def test_stop_ends_the_thread_and_fails_waiting_streams() -> None:
+    engine = await started()
+    task = asyncio.create_task(
+        collect(engine, "long", SamplingParams(max_tokens=1000, ignore_eos=True))
+    )
+    await asyncio.sleep(0.2)
+    await engine.stop()
+    with pytest.raises(EngineDeadError):
+        await task
+    assert not any(t.name == "paged-llm-engine" for t in threading.enumerate())
+    with pytest.raises(EngineDeadError):
+        await collect(engine, "hi", SamplingParams())

@@ -1,0 +1,72 @@
+"""Model loading: the bundled GGUF offline and cached, local folders, clear failures."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
+from paged_llm.engine.errors import ModelLoadError
+from paged_llm.engine.llm_engine import LLMEngine
+from paged_llm.engine.loader import cpu_supports_bf16, load_model, resolve_dtype
+from paged_llm.engine.sequence import SamplingParams
+
+from conftest import CACHE
+
+
+def test_bundled_default_loads_offline_converts_once_and_answers() -> None:
+    config = EngineConfig(model=DEFAULT_MODEL, device="cpu", cache_dir=CACHE / "converted")
+    load_model(config)  # converts on the first run on this machine
+    started = time.perf_counter()
+    loaded = load_model(config)
+    assert time.perf_counter() - started < 5, "the converted copy should load in seconds"
+    assert loaded.max_model_len == 8192
+    assert 2 in loaded.eos_token_ids
+    engine = LLMEngine(loaded, config)
+    ids = engine.tokenize([{"role": "user", "content": "What is the capital of France?"}])
+    engine.add_request(ids, SamplingParams(temperature=0, max_tokens=12), request_id="q")
+    text = ""
+    while engine.has_unfinished():
+        text += "".join(out.text for out in engine.step())
+    assert "Paris" in text
+
+
+def test_local_folder_loads(tiny_model_dir: Path) -> None:
+    loaded = load_model(EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="float32"))
+    assert loaded.dtype == torch.float32
+    assert loaded.model.config.num_hidden_layers == 2
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("/nonexistent/folder", "does not exist|holds no model"),
+        ("/nonexistent/model.gguf", "GGUF file /nonexistent/model.gguf does not exist"),
+        ("bundled:NoSuchModel", "unknown bundled model 'NoSuchModel'"),
+        ("no-such-org/no-such-model", "could not load model 'no-such-org/no-such-model'"),
+    ],
+)
+def test_failures_name_the_model_and_cause(model: str, message: str) -> None:
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(EngineConfig(model=model, device="cpu"))
+
+
+def test_folder_without_a_model_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"config\.json is missing"):
+        load_model(EngineConfig(model=str(tmp_path), device="cpu"))
+
+
+def test_auto_dtype_prefers_bf16_where_the_cpu_has_it() -> None:
+    expected = torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    assert resolve_dtype("auto", torch.device("cpu")) == expected
+    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
+
+
+def test_cuda_requested_without_a_gpu_is_a_clear_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ModelLoadError, match="no CUDA GPU"):
+        load_model(EngineConfig(model=DEFAULT_MODEL, device="cuda"))
