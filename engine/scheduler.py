@@ -73,7 +73,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
-        self.kv = kv_manager
+        self.kv_manager = kv_manager
         self._clock = clock
         self._waiting = RequestQueue(config.aging_seconds, clock)
         self._running: list[Sequence] = []
@@ -129,7 +129,8 @@ class Scheduler:
                 f"request needs {total} tokens (prompt {seq.num_prompt_tokens} + max_tokens "
                 f"{seq.params.max_tokens}) but the model's context is {cfg.max_model_len} tokens",
             )
-        need, have, size = self.kv.max_blocks(seq), self.kv.num_blocks, self.kv.block_size
+        kv = self.kv_manager
+        need, have, size = kv.max_blocks(seq), kv.num_blocks, kv.block_size
         if need > have:
             raise RequestRejected(
                 "exceeds_kv_pool",
@@ -165,7 +166,7 @@ class Scheduler:
             self._running.remove(seq)
         else:
             self._waiting.remove(rid)
-        self.kv.free(seq)
+        self.kv_manager.free(seq)
         del self._seqs[rid]
         self._tickets.pop(rid, None)
         seq.status = SequenceStatus.FINISHED
@@ -221,7 +222,7 @@ class Scheduler:
 
     def _reserve(self, seq: Sequence, num_tokens: int, step: _Step) -> bool:
         """Schedule a running sequence, preempting others (or itself) until its blocks fit."""
-        kv = self.kv
+        kv = self.kv_manager
         while not kv.can_allocate(seq, num_tokens):
             victim = self._victim()
             self._preempt(victim, step)
@@ -243,7 +244,7 @@ class Scheduler:
             if victim.priority <= effective_class:
                 return False
             self._preempt(victim, step)
-        kv = self.kv
+        kv = self.kv_manager
         num_tokens = min(seq.num_tokens - kv.get_computed_tokens(seq), step.budget)
         while not kv.can_allocate(seq, num_tokens):
             if not self._running:
@@ -267,7 +268,7 @@ class Scheduler:
         """Free a running sequence's blocks and requeue it at the head of its class."""
         rid = seq.request_id
         self._running.remove(seq)
-        self.kv.free(seq)
+        self.kv_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
         seq.preempted_times.append(step.now)
@@ -282,7 +283,7 @@ class Scheduler:
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
         """Account for a finished forward pass; returns the sequences that ended in it."""
         now = self._clock()
-        kv = self.kv
+        kv = self.kv_manager
         finished: list[Sequence] = []
         for chunk in output.chunks:
             seq = chunk.seq
@@ -295,8 +296,13 @@ class Scheduler:
             if start < prompt:
                 self.prompt_tokens_total += min(start + count, prompt) - start
             kv.cache_blocks(seq)
-            token = sampled.get(seq.request_id) if samples else None
+            if not samples:
+                continue
+            token = sampled.get(seq.request_id)
             if token is None:
+                # No token came back: feed the last token again next step so the sequence
+                # still has work (its K/V is rewritten with the same values).
+                seq.num_computed_tokens -= 1
                 continue
             seq.append_token(token)
             self.generation_tokens_total += 1
@@ -325,7 +331,7 @@ class Scheduler:
     def _finish_running(self, seq: Sequence, reason: FinishReason, now: float) -> None:
         """Finish a running sequence, leaving its removal from ``running`` to the caller."""
         rid = seq.request_id
-        self.kv.free(seq)
+        self.kv_manager.free(seq)
         del self._seqs[rid]
         self._tickets.pop(rid, None)
         seq.status = SequenceStatus.FINISHED

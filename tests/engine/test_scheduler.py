@@ -90,7 +90,7 @@ def ids(out: SchedulerOutput) -> list[str]:
 
 def test_same_prefix_shares_blocks_and_second_computes_only_its_suffix() -> None:
     sched = make_sched(num_blocks=200, block_size=16, max_num_batched_tokens=2048)
-    kv = sched.kv
+    kv = sched.kv_manager
     assert isinstance(kv, KVCacheManager)
     prefix = tokens("system", 512)
     a = make_seq("a", prefix + tokens("sa", 20), max_tokens=8)
@@ -129,7 +129,7 @@ def test_full_prompt_hit_still_computes_the_last_block() -> None:
 def test_hit_on_an_evicted_block_is_a_miss_and_the_tail_goes_first() -> None:
     # 10 blocks of 4: A's 4 cached blocks, then C overwrites all but A's first block.
     sched = make_sched(num_blocks=10, block_size=4, max_num_batched_tokens=64)
-    kv = sched.kv
+    kv = sched.kv_manager
     assert isinstance(kv, KVCacheManager)
     prompt_a = tokens("a", 16)
     hashes_a = [hash_block(ROOT_HASH, prompt_a[:4])]
@@ -230,7 +230,7 @@ def test_preempted_request_resumes_with_all_its_tokens(prefix: bool) -> None:
         assert start == 0
     assert i.finish_reason is FinishReason.LENGTH
     assert i.num_output_tokens == 12
-    assert sched.kv.num_used_blocks == 0
+    assert sched.kv_manager.num_used_blocks == 0
 
 
 def test_preemption_never_schedules_the_victim_in_the_same_step() -> None:
@@ -452,7 +452,7 @@ def test_engine_finish_frees_blocks() -> None:
     sched.finish(s, FinishReason.ERROR)
     assert s.status is SequenceStatus.FINISHED
     assert s.finish_reason is FinishReason.ERROR
-    assert sched.kv.num_used_blocks == 0
+    assert sched.kv_manager.num_used_blocks == 0
     assert not sched.has_unfinished()
     sched.finish(s, FinishReason.STOP)  # already finished: no change
     assert s.finish_reason is FinishReason.ERROR
@@ -491,7 +491,7 @@ def test_abort_in_every_state_frees_everything() -> None:
         assert s.finish_reason is FinishReason.ABORT
         assert s.finished_time == 2.0
         assert sched.abort(s.request_id) is None
-    assert sched.kv.num_used_blocks == 0
+    assert sched.kv_manager.num_used_blocks == 0
     assert sched.num_running == sched.num_waiting == 0
     assert not sched.has_unfinished()
     assert sched.abort("nobody") is None
@@ -509,7 +509,19 @@ def test_abort_between_schedule_and_update_is_skipped() -> None:
     assert a.output_token_ids == []
     assert b.output_token_ids == [5]
     run_to_end(sched)
-    assert sched.kv.num_used_blocks == 0
+    assert sched.kv_manager.num_used_blocks == 0
+
+
+def test_a_sampling_chunk_without_a_token_is_fed_again() -> None:
+    sched = make_sched()
+    s = make_seq("s", 8, 2)
+    sched.add(s)
+    out = sched.schedule()
+    assert sched.update(out, {}) == []
+    assert (s.num_computed_tokens, s.num_tokens) == (7, 8)
+    assert rows(sched) == [("s", 7, 1, True)]
+    run_to_end(sched)
+    assert s.num_output_tokens == 2
 
 
 # --- limits and the contiguous baseline -------------------------------------------

@@ -166,11 +166,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert seq.num_computed_tokens == 0
             assert not self.kv.has_blocks(seq)
 
-    @rule(token=st.integers(0, 6))
-    def step(self, token: int) -> None:
+    @rule(token=st.integers(0, 6), drop=st.booleans())
+    def step(self, token: int, drop: bool = False) -> None:
         out = self.sched.schedule()
         self.feed(out)
         sampled = {c.seq.request_id: (token + i) % 7 for i, c in enumerate(out.chunks) if c.samples}
+        if drop and sampled:  # a token the runner did not return is asked for again
+            del sampled[next(iter(sampled))]
         for seq in self.sched.update(out, sampled):
             assert seq.status is SequenceStatus.FINISHED
             assert not self.kv.has_blocks(seq)
