@@ -205,7 +205,7 @@ class KVCacheManager:
         # A full hit still recomputes the last token: its logits are needed to sample.
         limit = (seq.num_tokens - 1) // self._block_size
         hits: list[int] = []
-        for block_hash in self._block_hashes(seq, limit):
+        for block_hash in self._block_hashes(seq, limit)[:limit]:
             block_id = self._pool.get_cached(block_hash)
             if block_id is None:
                 break
@@ -213,7 +213,11 @@ class KVCacheManager:
         return hits
 
     def get_computed_tokens(self, seq: Sequence) -> int:
-        """Leading tokens of a new sequence already in cached blocks, in whole blocks."""
+        """Leading tokens of a new sequence already in cached blocks, in whole blocks.
+
+        Takes no reference. Counts ``num_tokens`` queries and the hit in tokens; a repeated
+        lookup of a request not admitted yet replaces its earlier count.
+        """
         hit = len(self._lookup(seq)) * self._block_size
         self._stats.record(seq.request_id, seq.num_tokens, hit)
         return hit
