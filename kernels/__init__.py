@@ -1,0 +1,30 @@
+"""Paged-KV kernels: store new K/V into the block pool and attend over it (Triton or torch).
+
+Dispatch lives in dispatch.py: CUDA tensors use Triton, CPU tensors the torch reference,
+unless a backend is forced per call (`backend=`), process-wide (`set_backend`,
+`use_backend`) or through $PAGED_LLM_ATTENTION_BACKEND. Triton is imported only when used.
+"""
+
+from paged_llm.kernels.dispatch import (
+    BACKEND_ENV_VAR,
+    BACKENDS,
+    get_backend,
+    paged_attention,
+    resolve_backend,
+    set_backend,
+    store_kv,
+    use_backend,
+)
+from paged_llm.kernels.triton_support import triton_import_error
+
+__all__ = [
+    "BACKENDS",
+    "BACKEND_ENV_VAR",
+    "get_backend",
+    "paged_attention",
+    "resolve_backend",
+    "set_backend",
+    "store_kv",
+    "triton_import_error",
+    "use_backend",
+]

@@ -1,0 +1,178 @@
+"""Builders for kernel tests: a shuffled paged pool, a packed step, and a float64 oracle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One packed attention step: its tensors plus the host-side lengths behind them."""
+
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    scale: float
+    max_query_len: int
+    max_context_len: int
+
+    def args(self) -> tuple[object, ...]:
+        """Positional arguments of paged_attention."""
+        return (
+            self.query,
+            self.key_cache,
+            self.value_cache,
+            self.block_tables,
+            self.context_lens,
+            self.query_start_loc,
+            self.scale,
+        )
+
+    def kwargs(self) -> dict[str, int]:
+        """Keyword lengths of paged_attention."""
+        return {"max_query_len": self.max_query_len, "max_context_len": self.max_context_len}
+
+    def nan_out(self) -> torch.Tensor:
+        """An output buffer full of NaN, so any element a kernel forgets to write fails."""
+        return torch.full_like(self.query, float("nan"))
+
+
+def make_step(
+    seqs: list[tuple[int, int]],
+    *,
+    num_kv_heads: int,
+    gqa_ratio: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    seed: int,
+    spare_blocks: int = 3,
+    layout: str = "packed",
+) -> Step:
+    """Build a step from (context_len, query_len) per sequence over a shuffled block pool.
+
+    Physical blocks are a random permutation, unused block-table entries hold -1 or a random
+    block. layout "fused" makes the query a strided view (as from a fused QKV projection),
+    "heads_first" a transposed one (as transformers hands it: [heads, tokens, dim]).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-ctx // block_size) for ctx, _ in seqs]
+    num_blocks = sum(blocks_per_seq) + spare_blocks
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.randn(shape, generator=gen).to(dtype)
+    value_cache = torch.randn(shape, generator=gen).to(dtype)
+    width = max(blocks_per_seq) + 2
+    block_tables = torch.randint(0, num_blocks, (len(seqs), width), generator=gen)
+    block_tables[:, -1] = -1
+    physical = torch.randperm(num_blocks, generator=gen)
+    used = 0
+    for seq, count in enumerate(blocks_per_seq):
+        block_tables[seq, :count] = physical[used : used + count]
+        used += count
+    q_lens = [q_len for _, q_len in seqs]
+    num_tokens, num_heads = sum(q_lens), num_kv_heads * gqa_ratio
+    if layout == "fused":
+        fused = torch.randn(num_tokens, num_heads + 2, head_dim, generator=gen).to(dtype)
+        query = fused[:, 1 : num_heads + 1]
+    elif layout == "heads_first":
+        query = torch.randn(num_heads, num_tokens, head_dim, generator=gen).to(dtype)
+        query = query.transpose(0, 1)
+    else:
+        query = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(dtype)
+    starts = [0]
+    for q_len in q_lens:
+        starts.append(starts[-1] + q_len)
+    return Step(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_tables=block_tables.to(torch.int32),
+        context_lens=torch.tensor([ctx for ctx, _ in seqs], dtype=torch.int32),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        scale=head_dim**-0.5,
+        max_query_len=max(q_lens),
+        max_context_len=max(ctx for ctx, _ in seqs),
+    )
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """The shape and dtype axes a test case picks one value of each from."""
+
+    dtype: torch.dtype
+    head_dim: int
+    block_size: int
+    gqa_ratio: int
+    num_kv_heads: int
+    layout: str = "packed"
+
+    def __str__(self) -> str:
+        """Short pytest id."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (
+            f"{dtype}-d{self.head_dim}-b{self.block_size}-r{self.gqa_ratio}"
+            f"-kv{self.num_kv_heads}-{self.layout}"
+        )
+
+    def step(self, seqs: list[tuple[int, int]], seed: int) -> Step:
+        """A packed step of these sequences with this config's shapes."""
+        return make_step(
+            seqs,
+            num_kv_heads=self.num_kv_heads,
+            gqa_ratio=self.gqa_ratio,
+            head_dim=self.head_dim,
+            block_size=self.block_size,
+            dtype=self.dtype,
+            seed=seed + self.head_dim + self.block_size + self.gqa_ratio,
+            layout=self.layout,
+        )
+
+
+def oracle(step: Step) -> torch.Tensor:
+    """Plain per-sequence causal softmax attention in float64, keys gathered token by token."""
+    num_tokens, num_heads, head_dim = step.query.shape
+    block_size, num_kv_heads = step.key_cache.shape[1], step.key_cache.shape[2]
+    ratio = num_heads // num_kv_heads
+    out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float64)
+    starts = step.query_start_loc.tolist()
+    for seq, ctx_len in enumerate(step.context_lens.tolist()):
+        start, end = starts[seq], starts[seq + 1]
+        table = step.block_tables[seq].tolist()
+        slots = [(table[pos // block_size], pos % block_size) for pos in range(ctx_len)]
+        keys = torch.stack([step.key_cache[b, o] for b, o in slots]).double()
+        values = torch.stack([step.value_cache[b, o] for b, o in slots]).double()
+        for i in range(end - start):
+            position = ctx_len - (end - start) + i
+            q = step.query[start + i].double()  # [heads, dim]
+            k = keys[: position + 1].repeat_interleave(ratio, dim=1)  # [keys, heads, dim]
+            v = values[: position + 1].repeat_interleave(ratio, dim=1)
+            weights = torch.softmax(torch.einsum("khd,hd->hk", k, q) * step.scale, dim=1)
+            out[start + i] = torch.einsum("hk,khd->hd", weights, v)
+    return out
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Relative Frobenius error, computed in float64."""
+    expected = expected.double()
+    return float((actual.double() - expected).norm() / expected.norm())
+
+
+def mixed_seqs(block_size: int, long_ctx: int = 300) -> list[tuple[int, int]]:
+    """Decodes at the edge lengths, a long decode, a fresh prefill and a mid-sequence chunk."""
+    b = block_size
+    return [
+        (1, 1),
+        (b - 1, 1),
+        (long_ctx, 1),
+        (b + 5, b + 5),  # whole prompt in one chunk
+        (b, 1),
+        (long_ctx // 2 + 3, 19),  # chunk starting mid-sequence, mid-block
+        (b + 1, 1),
+    ]
