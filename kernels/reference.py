@@ -1,9 +1,10 @@
-"""Torch implementation of store_kv and paged_attention: the CPU path and the test oracle.
+"""Torch store_kv and paged_attention: the CPU path and what the Triton kernels are tested against.
 
 CPU speed matters here: this is what every Home Assistant box without a GPU runs. Decoding
 sequences are sorted by context length and batched in chunks whose gathered K/V stay about
-cache-sized (one large batch padded to the longest context measured 2-4x slower on CPU);
-each prefill chunk is one SDPA call with a causal mask offset by its starting position.
+cache-sized, one SDPA call per chunk (measured against one batch padded to the longest
+context: 1.3x faster in bf16, 3x in fp32; against one call per sequence: 2x and 1.5x).
+Each prefill chunk is one SDPA call with a causal mask offset by its starting position.
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ def paged_attention(
         if end - start == 1:
             decodes.append(seq)
         elif end > start:
-            prefill = (seq, start, end, ctx_lens[seq])
-            _prefill(query, key_cache, value_cache, block_tables, *prefill, scale, out)
+            chunk = slice(start, end)
+            _prefill(
+                query, key_cache, value_cache, block_tables, seq, chunk, ctx_lens[seq], scale, out
+            )
     if decodes:
         _decode(query, key_cache, value_cache, block_tables, decodes, starts, ctx_lens, scale, out)
     return out
@@ -79,18 +82,17 @@ def _prefill(
     value_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq: int,
-    start: int,
-    end: int,
+    chunk: slice,
     ctx_len: int,
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    """One SDPA call for one sequence's chunk of q_len > 1 new tokens."""
-    q_len, block_size = end - start, key_cache.shape[1]
+    """One SDPA call for one sequence's chunk of q_len > 1 new tokens (query rows chunk)."""
+    q_len, block_size = chunk.stop - chunk.start, key_cache.shape[1]
     block_ids = block_tables[seq, : -(-ctx_len // block_size)]
     keys = _gather(key_cache, block_ids, 1)[:, :, :ctx_len]
     values = _gather(value_cache, block_ids, 1)[:, :, :ctx_len]
-    q = query[start:end].transpose(0, 1).unsqueeze(0)
+    q = query[chunk].transpose(0, 1).unsqueeze(0)
     if q_len == ctx_len:
         # The chunk is the whole sequence, so SDPA's top-left causal mask is the right one.
         result = F.scaled_dot_product_attention(
@@ -102,7 +104,7 @@ def _prefill(
         result = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
         )
-    out[start:end] = result[0].transpose(0, 1)
+    out[chunk] = result[0].transpose(0, 1)
 
 
 def _decode(

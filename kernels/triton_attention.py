@@ -217,8 +217,11 @@ def paged_attention(
         raise ValueError("key_cache and value_cache need a unit-stride head_dim")
     query = query if query.stride(-1) == 1 else query.contiguous()
     target = out if out.stride(-1) == 1 else torch.empty_like(query)
+    # One index dtype keeps one compiled variant; .to() is free when they already are int32.
+    block_tables = block_tables.to(torch.int32)
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    context_lens, query_start_loc = context_lens.contiguous(), query_start_loc.contiguous()
+    context_lens = context_lens.to(torch.int32).contiguous()
+    query_start_loc = query_start_loc.to(torch.int32).contiguous()
 
     ratio = num_heads // num_kv_heads
     head_pad = max(16, next_power_of_2(head_dim))

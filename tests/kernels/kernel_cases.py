@@ -55,6 +55,7 @@ def make_step(
     seed: int,
     spare_blocks: int = 3,
     layout: str = "packed",
+    index_dtype: torch.dtype = torch.int32,
 ) -> Step:
     """Build a step from (context_len, query_len) per sequence over a shuffled block pool.
 
@@ -93,9 +94,9 @@ def make_step(
         query=query,
         key_cache=key_cache,
         value_cache=value_cache,
-        block_tables=block_tables.to(torch.int32),
-        context_lens=torch.tensor([ctx for ctx, _ in seqs], dtype=torch.int32),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        block_tables=block_tables.to(index_dtype),
+        context_lens=torch.tensor([ctx for ctx, _ in seqs], dtype=index_dtype),
+        query_start_loc=torch.tensor(starts, dtype=index_dtype),
         scale=head_dim**-0.5,
         max_query_len=max(q_lens),
         max_context_len=max(ctx for ctx, _ in seqs),

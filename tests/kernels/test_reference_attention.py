@@ -49,7 +49,7 @@ def test_decode_chunks_match_float64(dtype: torch.dtype, monkeypatch: pytest.Mon
     assert rel_err(result, oracle(step)) < TOLERANCE[dtype]
 
 
-def test_prefill_chunks_at_every_offset_match_float64() -> None:
+def test_prefill_chunks_at_every_offset_match_float64_with_int64_metadata() -> None:
     # Chunks that start at 0, mid-block, on a block boundary and near the end.
     seqs = [(40, 40), (40, 23), (48, 16), (47, 2), (3, 3)]
     step = make_step(
@@ -60,6 +60,7 @@ def test_prefill_chunks_at_every_offset_match_float64() -> None:
         block_size=16,
         dtype=torch.float32,
         seed=3,
+        index_dtype=torch.int64,
     )
     result = reference.paged_attention(*step.args(), **step.kwargs(), out=step.nan_out())
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]

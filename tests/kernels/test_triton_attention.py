@@ -50,7 +50,7 @@ def test_prefill_chunks_at_every_offset() -> None:
     _check_against_reference([(40, 40), (40, 23), (48, 16), (47, 2), (3, 3), (90, 70)], config)
 
 
-def test_matches_float64_oracle_directly() -> None:
+def test_matches_float64_oracle_with_int64_metadata() -> None:
     step = make_step(
         mixed_seqs(16, long_ctx=120),
         num_kv_heads=2,
@@ -59,6 +59,7 @@ def test_matches_float64_oracle_directly() -> None:
         block_size=16,
         dtype=torch.float32,
         seed=5,
+        index_dtype=torch.int64,
     )
     result = triton_attention.paged_attention(*step.args(), **step.kwargs(), out=step.nan_out())
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]
