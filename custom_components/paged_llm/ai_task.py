@@ -1,0 +1,102 @@
+"""AI task agents: text, or JSON checked against the task's structure, for automations."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, override
+
+import probatio
+from homeassistant.components import ai_task, conversation
+from homeassistant.core import HomeAssistant
+from homeassistant.exceptions import HomeAssistantError
+from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
+
+from .const import DOMAIN, LOGGER, PRIORITY_AI_TASK, SUBENTRY_AI_TASK
+from .entity import PagedLLMBaseLLMEntity
+from .runtime import PagedLLMConfigEntry
+
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL | re.IGNORECASE)
+# Shown in errors: enough to see what went wrong, not a whole essay.
+_EXCERPT = 200
+
+
+async def async_setup_entry(
+    hass: HomeAssistant,
+    config_entry: PagedLLMConfigEntry,
+    async_add_entities: AddConfigEntryEntitiesCallback,
+) -> None:
+    """Add one AI task entity per AI task subentry."""
+    for subentry in config_entry.subentries.values():
+        if subentry.subentry_type != SUBENTRY_AI_TASK:
+            continue
+        async_add_entities(
+            [PagedLLMTaskEntity(config_entry, subentry)],
+            config_subentry_id=subentry.subentry_id,
+        )
+
+
+def _json_candidates(text: str) -> list[str]:
+    """Where JSON may sit in an answer: all of it, a code fence, or the outermost braces."""
+    candidates = [text.strip()]
+    candidates.extend(match.group(1) for match in _FENCE.finditer(text))
+    for open_, close in ("{}", "[]"):
+        start, end = text.find(open_), text.rfind(close)
+        if 0 <= start < end:
+            candidates.append(text[start : end + 1])
+    return candidates
+
+
+def parse_structured_output(text: str, structure: probatio.Schema) -> Any:
+    """Parse the model's JSON answer and validate it against the task's structure."""
+    excerpt = text.strip()[:_EXCERPT]
+    for candidate in _json_candidates(text):
+        try:
+            data = json.loads(candidate)
+        except json.JSONDecodeError:
+            continue
+        break
+    else:
+        raise HomeAssistantError(
+            translation_domain=DOMAIN,
+            translation_key="structured_output_not_json",
+            translation_placeholders={"output": excerpt},
+        )
+    try:
+        return structure(data)
+    except probatio.Invalid as err:
+        raise HomeAssistantError(
+            translation_domain=DOMAIN,
+            translation_key="structured_output_invalid",
+            translation_placeholders={"error": str(err), "output": excerpt},
+        ) from err
+
+
+class PagedLLMTaskEntity(ai_task.AITaskEntity, PagedLLMBaseLLMEntity):
+    """An AI task agent; its requests run in the automation class."""
+
+    _attr_supported_features = ai_task.AITaskEntityFeature.GENERATE_DATA
+    _priority = PRIORITY_AI_TASK
+
+    @override
+    async def _async_generate_data(
+        self,
+        task: ai_task.GenDataTask,
+        chat_log: conversation.ChatLog,
+    ) -> ai_task.GenDataTaskResult:
+        """Run the task; with a structure, ask for JSON and check it."""
+        await self._async_handle_chat_log(chat_log, task.structure)
+        last = chat_log.content[-1]
+        if not isinstance(last, conversation.AssistantContent):
+            raise HomeAssistantError(
+                translation_domain=DOMAIN, translation_key="no_answer", translation_placeholders={}
+            )
+        text = last.content or ""
+        if not task.structure:
+            return ai_task.GenDataTaskResult(conversation_id=chat_log.conversation_id, data=text)
+        try:
+            data = parse_structured_output(text, task.structure)
+        except HomeAssistantError:
+            LOGGER.warning("Task %s: the answer is not valid structured data: %s", task.name, text)
+            raise
+        return ai_task.GenDataTaskResult(conversation_id=chat_log.conversation_id, data=data)

@@ -1,0 +1,457 @@
+"""Config flow for Paged LLM: pick and test-load a model, tune the engine, add agents."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, override
+
+import probatio
+from homeassistant.config_entries import (
+    ConfigEntry,
+    ConfigEntryState,
+    ConfigFlow,
+    ConfigFlowResult,
+    ConfigSubentryFlow,
+    SubentryFlowResult,
+)
+from homeassistant.const import CONF_DEVICE, CONF_LLM_HASS_API, CONF_MODEL, CONF_NAME, CONF_PROMPT
+from homeassistant.core import HomeAssistant, callback
+from homeassistant.helpers import llm
+from homeassistant.helpers.selector import (
+    NumberSelector,
+    NumberSelectorConfig,
+    NumberSelectorMode,
+    SelectOptionDict,
+    SelectSelector,
+    SelectSelectorConfig,
+    SelectSelectorMode,
+    TemplateSelector,
+)
+
+from paged_llm.engine.config import EngineConfig
+from paged_llm.engine.errors import EngineDeadError, KVBudgetError
+
+from .const import (
+    BLOCK_SIZES,
+    CONF_BLOCK_SIZE,
+    CONF_DTYPE,
+    CONF_KV_BUDGET_MIB,
+    CONF_MAX_HISTORY,
+    CONF_MAX_MODEL_LEN,
+    CONF_MAX_NUM_SEQS,
+    CONF_MAX_TOKENS,
+    CONF_TEMPERATURE,
+    DEFAULT_AI_TASK_NAME,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_CONVERSATION_NAME,
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    DEFAULT_KV_BUDGET_MIB,
+    DEFAULT_MAX_HISTORY,
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_MODEL,
+    DEFAULT_TEMPERATURE,
+    DEVICES,
+    DOMAIN,
+    DTYPES,
+    LOGGER,
+    MAX_KV_BUDGET_MIB,
+    MAX_MAX_TOKENS,
+    SUBENTRY_AI_TASK,
+    SUBENTRY_CONVERSATION,
+)
+from .runtime import (
+    async_import_engine,
+    engine_config,
+    hand_over_engine,
+    load_error_key,
+    normalize_model,
+)
+
+if TYPE_CHECKING:
+    from paged_llm.engine.async_engine import AsyncEngine
+
+    from .runtime import PagedLLMConfigEntry
+
+BUNDLED_LABEL = "SmolLM2 135M Instruct (bundled, works offline)"
+RECOMMENDED_CONVERSATION_OPTIONS: dict[str, Any] = {
+    CONF_PROMPT: llm.DEFAULT_INSTRUCTIONS_PROMPT,
+    CONF_MAX_TOKENS: DEFAULT_MAX_TOKENS,
+    CONF_TEMPERATURE: DEFAULT_TEMPERATURE,
+    CONF_MAX_HISTORY: DEFAULT_MAX_HISTORY,
+}
+RECOMMENDED_AI_TASK_OPTIONS: dict[str, Any] = {
+    CONF_MAX_TOKENS: DEFAULT_MAX_TOKENS,
+    CONF_TEMPERATURE: DEFAULT_TEMPERATURE,
+}
+ENGINE_DEFAULTS: dict[str, Any] = {
+    CONF_MODEL: DEFAULT_MODEL,
+    CONF_DEVICE: DEFAULT_DEVICE,
+    CONF_DTYPE: DEFAULT_DTYPE,
+    CONF_KV_BUDGET_MIB: DEFAULT_KV_BUDGET_MIB,
+    CONF_BLOCK_SIZE: str(DEFAULT_BLOCK_SIZE),
+    CONF_MAX_NUM_SEQS: DEFAULT_MAX_NUM_SEQS,
+    CONF_MAX_MODEL_LEN: DEFAULT_MAX_MODEL_LEN,
+}
+
+
+def engine_schema(defaults: Mapping[str, Any], with_model: bool) -> probatio.Schema:
+    """The engine settings form; the model is fixed once an entry exists (one entry per model)."""
+    values = form_values(defaults)
+    schema: dict[Any, Any] = {}
+    if with_model:
+        schema[probatio.Required(CONF_MODEL, default=values[CONF_MODEL])] = SelectSelector(
+            SelectSelectorConfig(
+                options=[SelectOptionDict(value=DEFAULT_MODEL, label=BUNDLED_LABEL)],
+                custom_value=True,
+                mode=SelectSelectorMode.DROPDOWN,
+            )
+        )
+    schema.update(
+        {
+            probatio.Required(CONF_DEVICE, default=values[CONF_DEVICE]): SelectSelector(
+                SelectSelectorConfig(
+                    options=list(DEVICES),
+                    translation_key=CONF_DEVICE,
+                    mode=SelectSelectorMode.DROPDOWN,
+                )
+            ),
+            probatio.Required(CONF_DTYPE, default=values[CONF_DTYPE]): SelectSelector(
+                SelectSelectorConfig(
+                    options=list(DTYPES),
+                    translation_key=CONF_DTYPE,
+                    mode=SelectSelectorMode.DROPDOWN,
+                )
+            ),
+            probatio.Required(
+                CONF_KV_BUDGET_MIB, default=values[CONF_KV_BUDGET_MIB]
+            ): NumberSelector(
+                NumberSelectorConfig(
+                    min=1,
+                    max=MAX_KV_BUDGET_MIB,
+                    step=1,
+                    unit_of_measurement="MiB",
+                    mode=NumberSelectorMode.BOX,
+                )
+            ),
+            probatio.Required(CONF_BLOCK_SIZE, default=values[CONF_BLOCK_SIZE]): SelectSelector(
+                SelectSelectorConfig(
+                    options=[str(size) for size in BLOCK_SIZES],
+                    mode=SelectSelectorMode.DROPDOWN,
+                )
+            ),
+            probatio.Required(CONF_MAX_NUM_SEQS, default=values[CONF_MAX_NUM_SEQS]): NumberSelector(
+                NumberSelectorConfig(min=1, max=1024, step=1, mode=NumberSelectorMode.BOX)
+            ),
+            probatio.Required(
+                CONF_MAX_MODEL_LEN, default=values[CONF_MAX_MODEL_LEN]
+            ): NumberSelector(
+                NumberSelectorConfig(min=0, max=2**20, step=1, mode=NumberSelectorMode.BOX)
+            ),
+        }
+    )
+    return probatio.Schema(schema)
+
+
+def coerce_engine_input(user_input: Mapping[str, Any]) -> dict[str, Any]:
+    """Entry data from the form: numbers as integers, the model in its canonical spelling."""
+    data: dict[str, Any] = {
+        CONF_DEVICE: user_input[CONF_DEVICE],
+        CONF_DTYPE: user_input[CONF_DTYPE],
+        CONF_KV_BUDGET_MIB: int(user_input[CONF_KV_BUDGET_MIB]),
+        CONF_BLOCK_SIZE: int(user_input[CONF_BLOCK_SIZE]),
+        CONF_MAX_NUM_SEQS: int(user_input[CONF_MAX_NUM_SEQS]),
+        CONF_MAX_MODEL_LEN: int(user_input.get(CONF_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)),
+    }
+    if CONF_MODEL in user_input:
+        data[CONF_MODEL] = normalize_model(user_input[CONF_MODEL])
+    return data
+
+
+def form_values(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Entry data as the form shows it (the block size is a select of strings)."""
+    values = {**ENGINE_DEFAULTS, **data}
+    values[CONF_BLOCK_SIZE] = str(values[CONF_BLOCK_SIZE])
+    return values
+
+
+def model_title(model: str) -> str:
+    """A short name for the model: the bundled name, the folder or file name, or the id."""
+    if model.startswith("bundled:"):
+        return model.removeprefix("bundled:")
+    if model.startswith("/"):
+        path = Path(model)
+        return path.stem if path.suffix == ".gguf" else path.name
+    return model
+
+
+def check_kv_budget(entry: PagedLLMConfigEntry, config: EngineConfig) -> None:
+    """Raise KVBudgetError when the new settings cannot hold one full sequence (blocking).
+
+    Exact only when the running engine already has the model on the same device and dtype;
+    otherwise the check is left to the restart.
+    """
+    from paged_llm.engine.llm_engine import plan_kv_pool
+    from paged_llm.engine.loader import resolve_device, resolve_dtype
+
+    try:
+        loaded = entry.runtime_data.engine.engine.loaded
+    except EngineDeadError:
+        return
+    if loaded.model is None:
+        return
+    device = resolve_device(config.device)
+    if device != loaded.device or resolve_dtype(config.dtype, device) != loaded.dtype:
+        return
+    plan_kv_pool(config, loaded)
+
+
+class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
+    """Set up one engine per model."""
+
+    VERSION = 1
+    MINOR_VERSION = 1
+
+    def __init__(self) -> None:
+        """Start with nothing entered and nothing loaded."""
+        self._data: dict[str, Any] = {}
+        self._errors: dict[str, str] = {}
+        self._reason = ""
+        self._load_task: asyncio.Task[AsyncEngine] | None = None
+        self._engine: AsyncEngine | None = None
+
+    @override
+    async def async_step_user(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
+        """Ask for the model and the engine settings."""
+        if user_input is not None:
+            data = coerce_engine_input(user_input)
+            await self.async_set_unique_id(data[CONF_MODEL])
+            self._abort_if_unique_id_configured()
+            self._data = data
+            try:
+                engine_config(self.hass, data)
+            except ValueError as err:
+                self._errors, self._reason = {"base": "invalid_settings"}, str(err)
+            else:
+                return await self.async_step_load()
+        errors, self._errors = self._errors, {}
+        return self.async_show_form(
+            step_id="user",
+            data_schema=engine_schema(self._data, with_model=True),
+            errors=errors,
+            description_placeholders={"reason": self._reason},
+        )
+
+    async def _async_start_engine(self, config: EngineConfig) -> AsyncEngine:
+        """Load the model and size the KV pool exactly as the entry will (the test)."""
+        module = await async_import_engine(self.hass)
+        engine: AsyncEngine = module.AsyncEngine(config)
+        await engine.start()
+        return engine
+
+    async def async_step_load(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
+        """Load the model in the background while the user waits on a progress step."""
+        # A new task is always shown as progress first, even when it failed at once: a
+        # finished task then moves the flow on by itself, without re-sending this input.
+        if self._load_task is None or not self._load_task.done():
+            if self._load_task is None:
+                config = engine_config(self.hass, self._data)
+                self._load_task = self.hass.async_create_task(
+                    self._async_start_engine(config), f"{DOMAIN} test load of {config.model}"
+                )
+            return self.async_show_progress(
+                step_id="load",
+                progress_action="load_model",
+                progress_task=self._load_task,
+                description_placeholders={"model": self._data[CONF_MODEL]},
+            )
+        task, self._load_task = self._load_task, None
+        try:
+            self._engine = task.result()
+        except Exception as err:  # every failure becomes a form error naming it
+            LOGGER.warning("Model %s failed to load: %s", self._data[CONF_MODEL], err)
+            self._errors, self._reason = {"base": load_error_key(err)}, str(err)
+            return self.async_show_progress_done(next_step_id="user")
+        return self.async_show_progress_done(next_step_id="finish")
+
+    async def async_step_finish(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
+        """Create the entry with a conversation agent and an AI task agent ready to use."""
+        assert self._engine is not None
+        assert self.unique_id is not None
+        engine, self._engine = self._engine, None
+        hand_over_engine(self.hass, self.unique_id, engine)
+        return self.async_create_entry(
+            title=model_title(self._data[CONF_MODEL]),
+            data=self._data,
+            subentries=[
+                {
+                    "subentry_type": SUBENTRY_CONVERSATION,
+                    "data": RECOMMENDED_CONVERSATION_OPTIONS,
+                    "title": DEFAULT_CONVERSATION_NAME,
+                    "unique_id": None,
+                },
+                {
+                    "subentry_type": SUBENTRY_AI_TASK,
+                    "data": RECOMMENDED_AI_TASK_OPTIONS,
+                    "title": DEFAULT_AI_TASK_NAME,
+                    "unique_id": None,
+                },
+            ],
+        )
+
+    async def async_step_reconfigure(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Change the engine settings of an entry; the engine restarts with them."""
+        entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
+        errors: dict[str, str] = {}
+        reason = ""
+        if user_input is not None:
+            data = {**entry.data, **coerce_engine_input(user_input)}
+            try:
+                config = engine_config(self.hass, data)
+                if entry.state is ConfigEntryState.LOADED:
+                    await self.hass.async_add_executor_job(check_kv_budget, entry, config)
+            except KVBudgetError as err:
+                errors["base"], reason = "kv_budget_too_small", str(err)
+            except ValueError as err:
+                errors["base"], reason = "invalid_settings", str(err)
+            else:
+                if entry.state is not ConfigEntryState.LOADED:
+                    # No update listener runs for an entry that failed to start.
+                    self.hass.config_entries.async_schedule_reload(entry.entry_id)
+                return self.async_update_and_abort(entry, data=data)
+        return self.async_show_form(
+            step_id="reconfigure",
+            data_schema=engine_schema(user_input or entry.data, with_model=False),
+            errors=errors,
+            description_placeholders={"model": entry.data[CONF_MODEL], "reason": reason},
+        )
+
+    @callback
+    @override
+    def async_remove(self) -> None:
+        """Stop an engine this flow started but never handed to an entry."""
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            self.hass.async_create_background_task(engine.stop(), f"{DOMAIN} stop test engine")
+
+    @classmethod
+    @callback
+    @override
+    def async_get_supported_subentry_types(
+        cls, config_entry: ConfigEntry
+    ) -> dict[str, type[ConfigSubentryFlow]]:
+        """Conversation agents and AI task agents share the entry's engine."""
+        return {
+            SUBENTRY_CONVERSATION: PagedLLMSubentryFlowHandler,
+            SUBENTRY_AI_TASK: PagedLLMSubentryFlowHandler,
+        }
+
+
+class PagedLLMSubentryFlowHandler(ConfigSubentryFlow):
+    """Add or change a conversation agent or an AI task agent."""
+
+    @property
+    def _is_new(self) -> bool:
+        """Whether this flow creates a subentry rather than changing one."""
+        return self.source == "user"
+
+    async def async_step_set_options(
+        self, user_input: dict[str, Any] | None = None
+    ) -> SubentryFlowResult:
+        """Ask for the agent's name, instructions, tools and sampling settings."""
+        if user_input is not None:
+            data = dict(user_input)
+            if not data.get(CONF_LLM_HASS_API):
+                data.pop(CONF_LLM_HASS_API, None)
+            for key in (CONF_MAX_TOKENS, CONF_MAX_HISTORY):
+                if key in data:
+                    data[key] = int(data[key])
+            if self._is_new:
+                name = data.pop(CONF_NAME)
+                return self.async_create_entry(title=name, data=data)
+            return self.async_update_and_abort(
+                self._get_entry(), self._get_reconfigure_subentry(), data=data
+            )
+        if self._is_new:
+            options: Mapping[str, Any] = (
+                RECOMMENDED_AI_TASK_OPTIONS
+                if self._subentry_type == SUBENTRY_AI_TASK
+                else RECOMMENDED_CONVERSATION_OPTIONS
+            )
+        else:
+            options = self._get_reconfigure_subentry().data
+        return self.async_show_form(
+            step_id="set_options",
+            data_schema=probatio.Schema(
+                agent_option_schema(self.hass, self._is_new, self._subentry_type, options)
+            ),
+        )
+
+    async_step_user = async_step_set_options
+    async_step_reconfigure = async_step_set_options
+
+
+def agent_option_schema(
+    hass: HomeAssistant, is_new: bool, subentry_type: str, options: Mapping[str, Any]
+) -> dict[Any, Any]:
+    """The agent form: prompt and tools for conversations; sampling and history for both."""
+    schema: dict[Any, Any] = {}
+    if is_new:
+        default_name = (
+            DEFAULT_AI_TASK_NAME if subentry_type == SUBENTRY_AI_TASK else DEFAULT_CONVERSATION_NAME
+        )
+        schema[probatio.Required(CONF_NAME, default=default_name)] = str
+    if subentry_type == SUBENTRY_CONVERSATION:
+        apis = llm.async_get_apis(hass)
+        known = {api.id for api in apis}
+        selected = [api for api in options.get(CONF_LLM_HASS_API, []) if api in known]
+        schema.update(
+            {
+                probatio.Optional(
+                    CONF_PROMPT,
+                    description={
+                        "suggested_value": options.get(CONF_PROMPT, llm.DEFAULT_INSTRUCTIONS_PROMPT)
+                    },
+                ): TemplateSelector(),
+                probatio.Optional(
+                    CONF_LLM_HASS_API, description={"suggested_value": selected}
+                ): SelectSelector(
+                    SelectSelectorConfig(
+                        options=[SelectOptionDict(label=api.name, value=api.id) for api in apis],
+                        multiple=True,
+                    )
+                ),
+            }
+        )
+    schema.update(
+        {
+            probatio.Optional(
+                CONF_MAX_TOKENS,
+                description={"suggested_value": options.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)},
+            ): NumberSelector(
+                NumberSelectorConfig(min=1, max=MAX_MAX_TOKENS, step=1, mode=NumberSelectorMode.BOX)
+            ),
+            probatio.Optional(
+                CONF_TEMPERATURE,
+                description={"suggested_value": options.get(CONF_TEMPERATURE, DEFAULT_TEMPERATURE)},
+            ): NumberSelector(
+                NumberSelectorConfig(min=0, max=2, step=0.05, mode=NumberSelectorMode.SLIDER)
+            ),
+        }
+    )
+    if subentry_type == SUBENTRY_CONVERSATION:
+        schema[
+            probatio.Optional(
+                CONF_MAX_HISTORY,
+                description={"suggested_value": options.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY)},
+            )
+        ] = NumberSelector(
+            NumberSelectorConfig(min=0, max=1000, step=1, mode=NumberSelectorMode.BOX)
+        )
+    return schema

@@ -1,0 +1,86 @@
+"""Constants for the Paged LLM integration."""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+DOMAIN: Final = "paged_llm"
+LOGGER = logging.getLogger(__package__)
+
+# The bundled offline model; equal to paged_llm.engine.config.DEFAULT_MODEL, repeated here
+# so the config flow can offer it without importing the engine (and torch) on the event loop.
+DEFAULT_MODEL: Final = "bundled:SmolLM2-135M-Instruct"
+DEFAULT_TITLE: Final = "Paged LLM"
+
+# Engine settings, kept in the config entry's data.
+CONF_DTYPE: Final = "dtype"
+CONF_KV_BUDGET_MIB: Final = "kv_budget_mib"
+CONF_BLOCK_SIZE: Final = "block_size"
+CONF_MAX_NUM_SEQS: Final = "max_num_seqs"
+CONF_MAX_MODEL_LEN: Final = "max_model_len"
+
+DEVICES: Final = ("auto", "cpu", "cuda")
+DTYPES: Final = ("auto", "float32", "bfloat16", "float16")
+BLOCK_SIZES: Final = (8, 16, 32, 64, 128)
+
+DEFAULT_DEVICE: Final = "auto"
+DEFAULT_DTYPE: Final = "auto"
+# Enough for one full 8,192-token SmolLM2 sequence in float32 plus room to share.
+DEFAULT_KV_BUDGET_MIB: Final = 512
+DEFAULT_BLOCK_SIZE: Final = 16
+DEFAULT_MAX_NUM_SEQS: Final = 32
+# 0 means the model's own context length.
+DEFAULT_MAX_MODEL_LEN: Final = 0
+MAX_KV_BUDGET_MIB: Final = 1024 * 1024
+
+# Agent settings, kept in each subentry's data.
+CONF_MAX_TOKENS: Final = "max_tokens"
+CONF_TEMPERATURE: Final = "temperature"
+CONF_MAX_HISTORY: Final = "max_history"
+
+DEFAULT_MAX_TOKENS: Final = 256
+DEFAULT_TEMPERATURE: Final = 0.7
+DEFAULT_MAX_HISTORY: Final = 20
+MAX_MAX_TOKENS: Final = 32768
+
+SUBENTRY_CONVERSATION: Final = "conversation"
+SUBENTRY_AI_TASK: Final = "ai_task_data"
+DEFAULT_CONVERSATION_NAME: Final = "Paged LLM Conversation"
+DEFAULT_AI_TASK_NAME: Final = "Paged LLM AI Task"
+
+# The model may ask for tools again after each result; stop a runaway loop.
+MAX_TOOL_ITERATIONS: Final = 10
+
+# Actions.
+SERVICE_GENERATE: Final = "generate"
+SERVICE_SUMMARIZE: Final = "summarize"
+ATTR_CONFIG_ENTRY_ID: Final = "config_entry_id"
+ATTR_PROMPT: Final = "prompt"
+ATTR_SYSTEM_PROMPT: Final = "system_prompt"
+ATTR_PRIORITY: Final = "priority"
+ATTR_MAX_TOKENS: Final = "max_tokens"
+ATTR_TEMPERATURE: Final = "temperature"
+ATTR_TEXT: Final = "text"
+ATTR_PATH: Final = "path"
+PRIORITIES: Final = ("interactive", "automation", "background")
+DEFAULT_SERVICE_PRIORITY: Final = "automation"
+DEFAULT_SUMMARY_MAX_TOKENS: Final = 512
+# Files beyond this are refused rather than read into memory whole.
+MAX_SUMMARY_FILE_BYTES: Final = 8 * 1024 * 1024
+# Chunk summaries of one long document in flight at once; the rest wait their turn here
+# instead of filling the engine's queue.
+SUMMARY_CHUNK_CONCURRENCY: Final = 4
+SUMMARY_PROMPT: Final = (
+    "Summarize the following text. Keep the key facts, names, numbers and decisions; "
+    "leave out repetition. Answer with the summary only."
+)
+SUMMARY_COMBINE_PROMPT: Final = (
+    "The following are summaries of consecutive parts of one document. Combine them into "
+    "one summary of the whole document. Answer with the summary only."
+)
+
+# Engine request classes, by the name the engine's Priority.parse accepts.
+PRIORITY_CONVERSATION: Final = "interactive"
+PRIORITY_AI_TASK: Final = "automation"
+PRIORITY_SUMMARY: Final = "background"

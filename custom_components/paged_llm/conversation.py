@@ -1,0 +1,86 @@
+"""Conversation agents that answer with the local model, streaming, with Assist tools."""
+
+from __future__ import annotations
+
+from typing import Literal, override
+
+from homeassistant.components import conversation
+from homeassistant.config_entries import ConfigSubentry
+from homeassistant.const import CONF_LLM_HASS_API, CONF_PROMPT, MATCH_ALL
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
+
+from .const import DOMAIN, PRIORITY_CONVERSATION, SUBENTRY_CONVERSATION
+from .entity import PagedLLMBaseLLMEntity
+from .runtime import PagedLLMConfigEntry
+
+
+async def async_setup_entry(
+    hass: HomeAssistant,
+    config_entry: PagedLLMConfigEntry,
+    async_add_entities: AddConfigEntryEntitiesCallback,
+) -> None:
+    """Add one conversation entity per conversation subentry."""
+    for subentry in config_entry.subentries.values():
+        if subentry.subentry_type != SUBENTRY_CONVERSATION:
+            continue
+        async_add_entities(
+            [PagedLLMConversationEntity(config_entry, subentry)],
+            config_subentry_id=subentry.subentry_id,
+        )
+
+
+class PagedLLMConversationEntity(
+    conversation.ConversationEntity,
+    conversation.AbstractConversationAgent,
+    PagedLLMBaseLLMEntity,
+):
+    """A conversation agent; its requests are interactive, served before everything else."""
+
+    _attr_supports_streaming = True
+    _priority = PRIORITY_CONVERSATION
+
+    def __init__(self, entry: PagedLLMConfigEntry, subentry: ConfigSubentry) -> None:
+        """Offer device control when an LLM API is selected."""
+        super().__init__(entry, subentry)
+        if self.subentry.data.get(CONF_LLM_HASS_API):
+            self._attr_supported_features = conversation.ConversationEntityFeature.CONTROL
+
+    @override
+    async def async_added_to_hass(self) -> None:
+        """Register as a conversation agent."""
+        await super().async_added_to_hass()
+        conversation.async_set_agent(self.hass, self.entry, self)
+
+    @override
+    async def async_will_remove_from_hass(self) -> None:
+        """Unregister the agent."""
+        conversation.async_unset_agent(self.hass, self.entry)
+        await super().async_will_remove_from_hass()
+
+    @property
+    @override
+    def supported_languages(self) -> list[str] | Literal["*"]:
+        """Any language the model knows."""
+        return MATCH_ALL
+
+    @override
+    async def _async_handle_message(
+        self,
+        user_input: conversation.ConversationInput,
+        chat_log: conversation.ChatLog,
+    ) -> conversation.ConversationResult:
+        """Answer one user turn, with the history the chat log keeps."""
+        settings = self.subentry.data
+        try:
+            await chat_log.async_provide_llm_data(
+                user_input.as_llm_context(DOMAIN),
+                settings.get(CONF_LLM_HASS_API),
+                settings.get(CONF_PROMPT),
+                user_input.extra_system_prompt,
+            )
+        except conversation.ConverseError as err:
+            return err.as_conversation_result()
+
+        await self._async_handle_chat_log(chat_log)
+        return conversation.async_get_result_from_chat_log(user_input, chat_log)

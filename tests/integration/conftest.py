@@ -1,0 +1,115 @@
+"""Fixtures for the Home Assistant tests: config entries over a real engine and a tiny model."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from homeassistant.config_entries import ConfigEntryState
+from homeassistant.const import CONF_DEVICE, CONF_MODEL, CONF_PROMPT
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers import llm
+from homeassistant.setup import async_setup_component
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+ROOT = Path(__file__).resolve().parents[2]
+# Home Assistant finds custom integrations by importing the `custom_components` package;
+# the test modules import it too, after this conftest.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DOMAIN = "paged_llm"
+
+CONVERSATION_TITLE = "Tiny conversation"
+AI_TASK_TITLE = "Tiny AI task"
+
+
+@pytest.fixture(autouse=True)
+def auto_enable_custom_integrations(enable_custom_integrations: None) -> None:
+    """Let Home Assistant load custom_components/paged_llm in every test."""
+
+
+@pytest.fixture
+def engine_settings(tiny_model_dir: Path) -> dict[str, Any]:
+    """Entry data for a CPU engine over the tiny model with a small KV pool."""
+    return {
+        CONF_MODEL: str(tiny_model_dir),
+        CONF_DEVICE: "cpu",
+        "dtype": "float32",
+        "kv_budget_mib": 4,
+        "block_size": 16,
+        "max_num_seqs": 16,
+        "max_model_len": 0,
+    }
+
+
+@pytest.fixture
+def conversation_options() -> dict[str, Any]:
+    """A conversation agent that answers in a few tokens (random models rarely stop)."""
+    return {
+        CONF_PROMPT: llm.DEFAULT_INSTRUCTIONS_PROMPT,
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "max_history": 20,
+    }
+
+
+@pytest.fixture
+def ai_task_options() -> dict[str, Any]:
+    """An AI task agent with short answers."""
+    return {"max_tokens": 12, "temperature": 0.0}
+
+
+@pytest.fixture
+def mock_config_entry(
+    hass: HomeAssistant,
+    engine_settings: dict[str, Any],
+    conversation_options: dict[str, Any],
+    ai_task_options: dict[str, Any],
+) -> MockConfigEntry:
+    """An entry for the tiny model with one conversation and one AI task agent."""
+    entry = MockConfigEntry(
+        domain=DOMAIN,
+        title="tiny",
+        data=engine_settings,
+        unique_id=engine_settings[CONF_MODEL],
+        subentries_data=[
+            {
+                "subentry_type": "conversation",
+                "data": conversation_options,
+                "title": CONVERSATION_TITLE,
+                "unique_id": None,
+            },
+            {
+                "subentry_type": "ai_task_data",
+                "data": ai_task_options,
+                "title": AI_TASK_TITLE,
+                "unique_id": None,
+            },
+        ],
+    )
+    entry.add_to_hass(hass)
+    return entry
+
+
+@pytest.fixture
+async def ha_core(hass: HomeAssistant) -> None:
+    """Home Assistant's core integration, which conversation agents need (exposed entities)."""
+    assert await async_setup_component(hass, "homeassistant", {})
+
+
+@pytest.fixture
+async def init_integration(
+    hass: HomeAssistant, ha_core: None, mock_config_entry: MockConfigEntry
+) -> AsyncGenerator[MockConfigEntry]:
+    """Set the entry up with a real engine; unload it afterwards so no thread is left."""
+    assert await hass.config_entries.async_setup(mock_config_entry.entry_id)
+    await hass.async_block_till_done()
+    assert mock_config_entry.state is ConfigEntryState.LOADED
+    yield mock_config_entry
+    if mock_config_entry.state is ConfigEntryState.LOADED:
+        assert await hass.config_entries.async_unload(mock_config_entry.entry_id)
+        await hass.async_block_till_done()

@@ -1,0 +1,303 @@
+"""Config flow: test-loading a model, form errors, duplicates, reconfigure and agent subentries."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+from homeassistant import config_entries
+from homeassistant.config_entries import ConfigEntryState
+from homeassistant.const import CONF_LLM_HASS_API, CONF_MODEL, CONF_NAME, CONF_PROMPT
+from homeassistant.core import HomeAssistant
+from homeassistant.data_entry_flow import FlowResultType
+from homeassistant.helpers import entity_registry as er
+from homeassistant.helpers import llm
+from homeassistant.setup import async_setup_component
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+from custom_components.paged_llm.const import DEFAULT_MODEL, DOMAIN
+from paged_llm.engine.async_engine import AsyncEngine
+
+pytestmark = pytest.mark.usefixtures("ha_core")
+
+
+def _form(settings: dict[str, Any]) -> dict[str, Any]:
+    """Entry data as the form sends it (the block size is a select of strings)."""
+    return {**settings, "block_size": str(settings["block_size"])}
+
+
+async def _user_flow(hass: HomeAssistant, settings: dict[str, Any]) -> dict[str, Any]:
+    """Run the user step and the progress step; return the result after the load."""
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN, context={"source": config_entries.SOURCE_USER}
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "user"
+    result = await hass.config_entries.flow.async_configure(result["flow_id"], _form(settings))
+    assert result["type"] is FlowResultType.SHOW_PROGRESS
+    assert result["step_id"] == "load"
+    assert result["progress_action"] == "load_model"
+    await hass.async_block_till_done()
+    return await hass.config_entries.flow.async_configure(result["flow_id"])
+
+
+async def test_form_offers_the_bundled_default(hass: HomeAssistant) -> None:
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN, context={"source": config_entries.SOURCE_USER}
+    )
+    schema = result["data_schema"].schema
+    model_key = next(key for key in schema if key == CONF_MODEL)
+    assert model_key.default() == DEFAULT_MODEL
+    options = schema[model_key].config["options"]
+    assert options[0]["value"] == DEFAULT_MODEL
+    assert schema[model_key].config["custom_value"] is True
+    assert {str(key) for key in schema} >= {
+        "device",
+        "dtype",
+        "kv_budget_mib",
+        "block_size",
+        "max_num_seqs",
+        "max_model_len",
+    }
+
+
+async def test_happy_path_loads_once_and_creates_entry_with_agents(
+    hass: HomeAssistant, engine_settings: dict[str, Any]
+) -> None:
+    with patch.object(AsyncEngine, "start", autospec=True, side_effect=AsyncEngine.start) as start:
+        result = await _user_flow(hass, engine_settings)
+        await hass.async_block_till_done()
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert result["title"] == Path(engine_settings[CONF_MODEL]).name
+    assert result["data"] == engine_settings
+    entry = result["result"]
+    assert entry.unique_id == engine_settings[CONF_MODEL]
+    assert sorted(s.subentry_type for s in entry.subentries.values()) == [
+        "ai_task_data",
+        "conversation",
+    ]
+    assert entry.state is ConfigEntryState.LOADED
+    # The engine the flow test-loaded is the one the entry runs: the model loaded once.
+    assert start.call_count == 1
+    assert entry.runtime_data.engine.is_running
+    entities = er.async_entries_for_config_entry(er.async_get(hass), entry.entry_id)
+    domains = sorted({e.domain for e in entities})
+    assert domains == ["ai_task", "conversation", "sensor"]
+    engine = entry.runtime_data.engine
+    assert await hass.config_entries.async_unload(entry.entry_id)
+    assert not engine.is_running
+
+
+async def test_unloadable_model_is_a_form_error_naming_the_cause(
+    hass: HomeAssistant, engine_settings: dict[str, Any], tmp_path: Path
+) -> None:
+    result = await _user_flow(hass, {**engine_settings, CONF_MODEL: str(tmp_path)})
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "user"
+    assert result["errors"] == {"base": "model_load_failed"}
+    assert "config.json is missing" in result["description_placeholders"]["reason"]
+    assert str(tmp_path) in result["description_placeholders"]["reason"]
+
+    # The user can correct the model and go on from the same flow.
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], _form(engine_settings)
+    )
+    assert result["type"] is FlowResultType.SHOW_PROGRESS
+    await hass.async_block_till_done()
+    result = await hass.config_entries.flow.async_configure(result["flow_id"])
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    await hass.async_block_till_done()
+    assert await hass.config_entries.async_unload(result["result"].entry_id)
+
+
+async def test_missing_gguf_file_is_a_form_error(
+    hass: HomeAssistant, engine_settings: dict[str, Any], tmp_path: Path
+) -> None:
+    missing = tmp_path / "nothing.gguf"
+    result = await _user_flow(hass, {**engine_settings, CONF_MODEL: str(missing)})
+    assert result["errors"] == {"base": "model_load_failed"}
+    assert "does not exist" in result["description_placeholders"]["reason"]
+
+
+async def test_torch_unavailable_is_a_form_error(
+    hass: HomeAssistant, engine_settings: dict[str, Any]
+) -> None:
+    real_import = importlib.import_module
+
+    def no_torch(name: str, package: str | None = None) -> Any:
+        if name == "torch":
+            raise ImportError("libtorch_cpu.so: cannot open shared object file")
+        return real_import(name, package)
+
+    with patch("custom_components.paged_llm.runtime.importlib.import_module", no_torch):
+        result = await _user_flow(hass, engine_settings)
+    assert result["errors"] == {"base": "torch_unavailable"}
+    assert "libtorch_cpu.so" in result["description_placeholders"]["reason"]
+
+
+async def test_duplicate_model_is_aborted(
+    hass: HomeAssistant, mock_config_entry: MockConfigEntry, engine_settings: dict[str, Any]
+) -> None:
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN, context={"source": config_entries.SOURCE_USER}
+    )
+    # The same folder spelt differently is the same model.
+    spelled = engine_settings[CONF_MODEL] + "/./"
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], _form({**engine_settings, CONF_MODEL: spelled})
+    )
+    assert result["type"] is FlowResultType.ABORT
+    assert result["reason"] == "already_configured"
+
+
+async def test_reconfigure_restarts_engine_with_new_kv_budget(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    entry = init_integration
+    old_engine = entry.runtime_data.engine
+    old_blocks = old_engine.engine.num_kv_blocks
+
+    result = await entry.start_reconfigure_flow(hass)
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "reconfigure"
+    assert CONF_MODEL not in {str(key) for key in result["data_schema"].schema}
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"],
+        {
+            "device": "cpu",
+            "dtype": "float32",
+            "kv_budget_mib": 8,
+            "block_size": "16",
+            "max_num_seqs": 8,
+            "max_model_len": 0,
+        },
+    )
+    assert result["type"] is FlowResultType.ABORT
+    assert result["reason"] == "reconfigure_successful"
+    await hass.async_block_till_done()
+
+    assert entry.state is ConfigEntryState.LOADED
+    assert entry.data["kv_budget_mib"] == 8
+    new_engine = entry.runtime_data.engine
+    assert new_engine is not old_engine
+    assert not old_engine.is_running
+    assert new_engine.is_running
+    assert new_engine.engine.num_kv_blocks == 2 * old_blocks
+    assert new_engine.config.max_num_seqs == 8
+
+
+async def test_reconfigure_rejects_settings_the_model_cannot_hold(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    entry = init_integration
+    engine = entry.runtime_data.engine
+    result = await entry.start_reconfigure_flow(hass)
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"],
+        {
+            "device": "cpu",
+            "dtype": "float32",
+            "kv_budget_mib": 4,
+            "block_size": "16",
+            "max_num_seqs": 16,
+            "max_model_len": 8192,
+        },
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["errors"] == {"base": "kv_budget_too_small"}
+    assert "4096" in result["description_placeholders"]["reason"]
+    await hass.async_block_till_done()
+    # Nothing changed: the same engine keeps running.
+    assert entry.runtime_data.engine is engine
+    assert engine.is_running
+
+
+async def test_conversation_subentry_flow(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    entry = init_integration
+    engine = entry.runtime_data.engine
+    before = set(entry.subentries)
+    assert await async_setup_component(hass, "llm", {})
+    result = await hass.config_entries.subentries.async_init(
+        (entry.entry_id, "conversation"), context={"source": config_entries.SOURCE_USER}
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "set_options"
+    fields = {str(key) for key in result["data_schema"].schema}
+    assert fields == {
+        CONF_NAME,
+        CONF_PROMPT,
+        CONF_LLM_HASS_API,
+        "max_tokens",
+        "temperature",
+        "max_history",
+    }
+    result = await hass.config_entries.subentries.async_configure(
+        result["flow_id"],
+        {
+            CONF_NAME: "Kitchen helper",
+            CONF_PROMPT: "Answer briefly.",
+            CONF_LLM_HASS_API: [llm.LLM_API_ASSIST],
+            "max_tokens": 16.0,
+            "temperature": 0.3,
+            "max_history": 4.0,
+        },
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert result["title"] == "Kitchen helper"
+    assert result["data"] == {
+        CONF_PROMPT: "Answer briefly.",
+        CONF_LLM_HASS_API: [llm.LLM_API_ASSIST],
+        "max_tokens": 16,
+        "temperature": 0.3,
+        "max_history": 4,
+    }
+    await hass.async_block_till_done()
+    (subentry_id,) = set(entry.subentries) - before
+    entity_id = er.async_get(hass).async_get_entity_id("conversation", DOMAIN, subentry_id)
+    assert entity_id is not None
+    assert hass.states.get(entity_id) is not None
+    # A new agent does not reload the model.
+    assert entry.runtime_data.engine is engine
+
+    result = await entry.start_subentry_reconfigure_flow(hass, subentry_id)
+    assert result["type"] is FlowResultType.FORM
+    assert CONF_NAME not in {str(key) for key in result["data_schema"].schema}
+    result = await hass.config_entries.subentries.async_configure(
+        result["flow_id"], {CONF_PROMPT: "Answer in one word.", "max_tokens": 4}
+    )
+    assert result["type"] is FlowResultType.ABORT
+    assert result["reason"] == "reconfigure_successful"
+    await hass.async_block_till_done()
+    assert entry.subentries[subentry_id].data == {
+        CONF_PROMPT: "Answer in one word.",
+        "max_tokens": 4,
+    }
+    assert entry.runtime_data.engine is engine
+    assert hass.states.get(entity_id) is not None
+
+
+async def test_ai_task_subentry_flow(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    entry = init_integration
+    before = set(entry.subentries)
+    result = await hass.config_entries.subentries.async_init(
+        (entry.entry_id, "ai_task_data"), context={"source": config_entries.SOURCE_USER}
+    )
+    assert result["type"] is FlowResultType.FORM
+    fields = {str(key) for key in result["data_schema"].schema}
+    assert fields == {CONF_NAME, "max_tokens", "temperature"}
+    result = await hass.config_entries.subentries.async_configure(
+        result["flow_id"], {CONF_NAME: "Summaries", "max_tokens": 32, "temperature": 0}
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    await hass.async_block_till_done()
+    (subentry_id,) = set(entry.subentries) - before
+    entity_id = er.async_get(hass).async_get_entity_id("ai_task", DOMAIN, subentry_id)
+    assert entity_id is not None
+    assert hass.states.get(entity_id) is not None
