@@ -1,0 +1,1 @@
+"""The Paged LLM serving engine: paged KV pool, scheduler, model runner, async engine."""

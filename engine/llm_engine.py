@@ -25,6 +25,27 @@ from .sequence import FinishReason, Priority, SamplingParams, Sequence
 Prompt = str | list[dict[str, Any]] | list[int]
 
 
+@dataclass(slots=True, frozen=True)
+class RequestTiming:
+    """A finished request's monotonic timestamps, for latency figures per request."""
+
+    arrival: float
+    first_scheduled: float | None
+    first_token: float | None
+    finished: float | None
+    num_preemptions: int
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival to first being scheduled."""
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        """Seconds from arrival to the first generated token."""
+        return None if self.first_token is None else self.first_token - self.arrival
+
+
 @dataclass(slots=True)
 class RequestOutput:
     """What one step produced for one request: a text delta, and the totals once it ends."""
@@ -37,6 +58,24 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    timing: RequestTiming | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class StepTrace:
+    """One step's figures, recorded when ``LLMEngine.trace`` is a list (benchmarks)."""
+
+    time: float
+    duration: float
+    forward: float
+    num_batched_tokens: int
+    num_chunks: int
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_live_tokens: int
+    kv_allocated_slots: int
+    num_preemptions: int
 
 
 def available_memory(device: torch.device) -> int:
@@ -115,6 +154,7 @@ class LLMEngine:
         self.recorder = MetricsRecorder()
         self._detokenizers: dict[str, Detokenizer] = {}
         self._next_id = 0
+        self.trace: list[StepTrace] | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -190,6 +230,8 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step and one forward pass; return the new output per request."""
+        started = time.perf_counter()
+        self.runner.last_forward_s = 0.0
         output = self.scheduler.schedule()
         sampled: dict[str, int] = {}
         if output.chunks:
@@ -211,7 +253,29 @@ class LLMEngine:
                 text += detok.flush()
                 self._forget(seq)
             results.append(self._output(seq, text, [seq.token_ids[-1]]))
+        if self.trace is not None:
+            self._record_trace(started, output.num_batched_tokens, len(output.chunks))
         return results
+
+    def _record_trace(self, started: float, num_tokens: int, num_chunks: int) -> None:
+        """Append this step's figures to the benchmark trace."""
+        assert self.trace is not None
+        kv = self.kv_manager
+        self.trace.append(
+            StepTrace(
+                time=self.clock(),
+                duration=time.perf_counter() - started,
+                forward=self.runner.last_forward_s,
+                num_batched_tokens=num_tokens,
+                num_chunks=num_chunks,
+                num_running=self.scheduler.num_running,
+                num_waiting=self.scheduler.num_waiting,
+                kv_blocks_used=kv.num_used_blocks,
+                kv_live_tokens=kv.num_live_tokens,
+                kv_allocated_slots=kv.num_allocated_slots,
+                num_preemptions=self.scheduler.num_preemptions,
+            )
+        )
 
     def _output(self, seq: Sequence, text: str, token_ids: list[int]) -> RequestOutput:
         """Package one request's step result."""
@@ -224,6 +288,15 @@ class LLMEngine:
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
             cached_tokens=seq.num_cached_tokens,
+            timing=RequestTiming(
+                arrival=seq.arrival_time,
+                first_scheduled=seq.first_scheduled_time,
+                first_token=seq.first_token_time,
+                finished=seq.finished_time,
+                num_preemptions=seq.num_preemptions,
+            )
+            if seq.is_finished
+            else None,
         )
 
     def _forget(self, seq: Sequence) -> None:
@@ -263,12 +336,14 @@ class LLMEngine:
         )
 
     def close(self) -> None:
-        """Free the model and the KV pool."""
-        for seq in list(self.scheduler.running):
+        """End every request and free the KV pool; the model goes with the last reference.
+
+        The LoadedModel itself is left intact so a caller that owns it (a benchmark running
+        several engines over one set of weights) can reuse it.
+        """
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             self.scheduler.finish(seq, FinishReason.ABORT)
         self.runner.kv_caches.clear()
-        self.runner.model = None
-        self.loaded.model = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

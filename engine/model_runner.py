@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,8 @@ class ModelRunner:
         ]
         self.model.set_attn_implementation(ATTENTION_NAME)
         self.sampler = Sampler(self.device)
+        # Seconds the last step spent in the model's forward pass (benchmarks read it).
+        self.last_forward_s = 0.0
 
     def execute(self, output: SchedulerOutput, block_tables: list[list[int]]) -> dict[str, int]:
         """Run the step's chunks in one forward pass; return a token per sampling sequence.
@@ -157,6 +160,7 @@ class ModelRunner:
         else:
             keep = torch.from_numpy(cu[1:][sample_rows] - 1).to(dev)
         with torch.inference_mode():
+            started = time.perf_counter()
             logits = self.model(
                 input_ids=torch.tensor([ids], device=dev),
                 position_ids=torch.from_numpy(positions).unsqueeze(0).to(dev),
@@ -164,6 +168,9 @@ class ModelRunner:
                 logits_to_keep=keep,
                 **{_METADATA_KWARG: meta},
             ).logits[0]
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            self.last_forward_s = time.perf_counter() - started
             if not sample_rows:
                 return {}
             seqs = [chunks[i].seq for i in sample_rows]

@@ -86,7 +86,8 @@ class SamplingParams:
             raise InvalidSamplingParams(
                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}"
             )
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise InvalidSamplingParams(f"seed must be an integer or None, got {self.seed!r}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidSamplingParams(
