@@ -1,0 +1,193 @@
+"""Actions: generate and summarize with response data, chunking, and clear errors for bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from homeassistant.components import conversation
+from homeassistant.core import Context, HomeAssistant
+from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
+from homeassistant.helpers import entity_registry as er
+from homeassistant.helpers import intent
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+from custom_components.paged_llm.const import DOMAIN
+
+# Varied English; the SmolLM2 tokenizer gives about one token per word.
+SENTENCE = (
+    "the kitchen light turned on at seven while the heating in the hall kept the "
+    "temperature near twenty degrees and the washing machine finished its cycle before "
+    "noon so the family went out for a walk along the river past the old mill"
+)
+
+
+def long_text(tokens: int = 3000) -> str:
+    """A text of roughly ``tokens`` tokens."""
+    words = SENTENCE.split(" ")
+    return " ".join(words[i % len(words)] + ("." if i % 17 == 16 else "") for i in range(tokens))
+
+
+async def _call(hass: HomeAssistant, service: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Call one of the integration's actions and return its response."""
+    response = await hass.services.async_call(
+        DOMAIN, service, data, blocking=True, return_response=True
+    )
+    assert isinstance(response, dict)
+    return response
+
+
+async def test_generate_returns_text_and_token_counts(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    response = await _call(
+        hass,
+        "generate",
+        {
+            "config_entry_id": init_integration.entry_id,
+            "prompt": "Write a haiku about the sea",
+            "system_prompt": "You are a poet.",
+            "priority": "background",
+            "max_tokens": 6,
+            "temperature": 0.5,
+        },
+    )
+    assert response["text"]
+    assert response["completion_tokens"] <= 6
+    assert response["prompt_tokens"] > 5
+    assert response["finish_reason"] in {"stop", "length"}
+
+
+async def test_summarize_a_text_runs_in_the_background_class(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    engine = init_integration.runtime_data.engine
+    priorities: list[Any] = []
+    real_generate = engine.generate
+
+    def observed(prompt: Any, params: Any, priority: Any, **kwargs: Any) -> Any:
+        priorities.append(priority)
+        return real_generate(prompt, params, priority, **kwargs)
+
+    engine.generate = observed  # type: ignore[method-assign]
+    try:
+        response = await _call(hass, "summarize", {"text": long_text(300), "max_tokens": 8})
+    finally:
+        del engine.generate
+    assert response["summary"]
+    assert response["chunks"] == 1
+    assert response["requests"] == 1
+    assert response["prompt_tokens"] > 300
+    assert priorities == ["background"]
+
+
+async def test_summarize_chunks_a_text_beyond_the_context(
+    hass: HomeAssistant, mock_config_entry: MockConfigEntry, ha_core: None
+) -> None:
+    hass.config_entries.async_update_entry(
+        mock_config_entry, data={**mock_config_entry.data, "max_model_len": 512}
+    )
+    assert await hass.config_entries.async_setup(mock_config_entry.entry_id)
+    await hass.async_block_till_done()
+    try:
+        assert mock_config_entry.runtime_data.engine.engine.max_model_len == 512
+        response = await _call(hass, "summarize", {"text": long_text(1500), "max_tokens": 8})
+        assert response["summary"]
+        assert response["chunks"] >= 3
+        # Each part is summarised, then the parts' summaries are merged into one.
+        assert response["requests"] == response["chunks"] + 1
+    finally:
+        assert await hass.config_entries.async_unload(mock_config_entry.entry_id)
+
+
+async def test_summarize_a_file_in_an_allowed_folder(
+    hass: HomeAssistant, init_integration: MockConfigEntry, tmp_path: Path
+) -> None:
+    hass.config.allowlist_external_dirs = {str(tmp_path)}
+    notes = tmp_path / "notes.txt"
+    notes.write_text(long_text(200), encoding="utf-8")
+    response = await _call(hass, "summarize", {"path": str(notes), "max_tokens": 4})
+    assert response["summary"]
+    assert response["prompt_tokens"] > 200
+
+
+async def _expect_error(
+    hass: HomeAssistant,
+    service: str,
+    data: dict[str, Any],
+    key: str,
+    cls: type[HomeAssistantError] = ServiceValidationError,
+) -> HomeAssistantError:
+    """Call an action that must fail with a translated error of ``key``."""
+    with pytest.raises(cls) as err:
+        await hass.services.async_call(DOMAIN, service, data, blocking=True, return_response=True)
+    assert err.value.translation_domain == DOMAIN
+    assert err.value.translation_key == key
+    message = str(err.value)
+    # The message is the translation, with its placeholders filled in.
+    assert message
+    assert key not in message
+    assert "{" not in message
+    return err.value
+
+
+async def test_bad_inputs_fail_clearly_and_the_rest_keeps_working(
+    hass: HomeAssistant, init_integration: MockConfigEntry, tmp_path: Path
+) -> None:
+    engine = init_integration.runtime_data.engine
+    hass.config.allowlist_external_dirs = {str(tmp_path / "allowed")}
+    (tmp_path / "allowed").mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private", encoding="utf-8")
+
+    err = await _expect_error(hass, "summarize", {"text": "   "}, "empty_text")
+    assert "no text" in str(err)
+    await _expect_error(hass, "generate", {"prompt": ""}, "empty_prompt")
+    err = await _expect_error(hass, "summarize", {"path": str(secret)}, "path_not_allowed")
+    assert str(secret) in str(err)
+    await _expect_error(
+        hass, "summarize", {"path": str(tmp_path / "allowed" / "none.txt")}, "file_not_found"
+    )
+    await _expect_error(hass, "summarize", {}, "text_or_path")
+    err = await _expect_error(
+        hass, "generate", {"prompt": "hi", "priority": "urgent"}, "invalid_priority"
+    )
+    assert "interactive, automation, background" in str(err)
+    # Prompt plus answer beyond the context (the pool always holds one full context).
+    err = await _expect_error(
+        hass,
+        "generate",
+        {"prompt": long_text(5000), "max_tokens": 16},
+        "rejected_context_too_long",
+    )
+    assert "4096" in str(err)
+
+    # The engine and the entities are unharmed.
+    assert engine.is_running
+    response = await _call(hass, "generate", {"prompt": "Still there?", "max_tokens": 4})
+    assert response["text"]
+    subentry = next(
+        s for s in init_integration.subentries.values() if s.subentry_type == "conversation"
+    )
+    entity_id = er.async_get(hass).async_get_entity_id("conversation", DOMAIN, subentry.subentry_id)
+    result = await conversation.async_converse(hass, "Hello", None, Context(), agent_id=entity_id)
+    assert result.response.response_type is intent.IntentResponseType.ACTION_DONE
+    sensor = hass.states.get("sensor.tiny_kv_cache_usage")
+    assert sensor is not None
+    assert sensor.state != "unavailable"
+
+
+async def test_actions_need_a_loaded_entry(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    assert await hass.config_entries.async_unload(init_integration.entry_id)
+    with pytest.raises(ServiceValidationError) as err:
+        await hass.services.async_call(
+            DOMAIN,
+            "generate",
+            {"config_entry_id": init_integration.entry_id, "prompt": "hi"},
+            blocking=True,
+            return_response=True,
+        )
+    assert err.value.translation_key == "service_config_entry_not_loaded"
