@@ -15,9 +15,10 @@ from typing import Any
 
 from .config import EngineConfig
 from .errors import EngineDeadError
-from .llm_engine import LLMEngine, Prompt, RequestOutput
+from .llm_engine import LLMEngine, Prompt
 from .loader import LoadedModel, load_model
 from .metrics import MetricsSnapshot
+from .outputs import RequestOutput
 from .sequence import Priority, SamplingParams
 
 _LOGGER = logging.getLogger(__name__)

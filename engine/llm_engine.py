@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import gc
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,113 +12,17 @@ import torch
 from .config import EngineConfig, KVLayout
 from .contiguous_kv_cache_manager import ContiguousKVCacheManager
 from .detokenizer import Detokenizer
-from .errors import KVBudgetError, RequestRejected
+from .errors import RequestRejected
 from .kv_cache_manager import KVCacheManager
+from .kv_pool import plan_kv_pool
 from .loader import LoadedModel, load_model
 from .metrics import MetricsRecorder, MetricsSnapshot
-from .model_runner import ModelRunner, kv_bytes_per_block
+from .model_runner import ModelRunner
+from .outputs import RequestOutput, RequestTiming, StepTrace
 from .scheduler import Scheduler
 from .sequence import FinishReason, Priority, SamplingParams, Sequence
 
 Prompt = str | list[dict[str, Any]] | list[int]
-
-
-@dataclass(slots=True, frozen=True)
-class RequestTiming:
-    """A finished request's monotonic timestamps, for latency figures per request."""
-
-    arrival: float
-    first_scheduled: float | None
-    first_token: float | None
-    finished: float | None
-    num_preemptions: int
-
-    @property
-    def queue_time(self) -> float | None:
-        """Seconds from arrival to first being scheduled."""
-        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
-
-    @property
-    def time_to_first_token(self) -> float | None:
-        """Seconds from arrival to the first generated token."""
-        return None if self.first_token is None else self.first_token - self.arrival
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    """What one step produced for one request: a text delta, and the totals once it ends."""
-
-    request_id: str
-    text: str
-    token_ids: list[int]
-    finished: bool
-    finish_reason: FinishReason | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    timing: RequestTiming | None = None
-
-
-@dataclass(slots=True, frozen=True)
-class StepTrace:
-    """One step's figures, recorded when ``LLMEngine.trace`` is a list (benchmarks)."""
-
-    time: float
-    duration: float
-    forward: float
-    num_batched_tokens: int
-    num_chunks: int
-    num_running: int
-    num_waiting: int
-    kv_blocks_used: int
-    kv_live_tokens: int
-    kv_allocated_slots: int
-    num_preemptions: int
-
-
-def available_memory(device: torch.device) -> int:
-    """Bytes free for the KV pool on ``device`` right now (after the weights are loaded)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _mib(num_bytes: int) -> str:
-    """Bytes as MiB with enough digits to be non-zero for small test budgets."""
-    return f"{num_bytes / 2**20:.3g} MiB"
-
-
-def plan_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
-    """Return (number of KV blocks, max model length) for the budget, or raise KVBudgetError."""
-    per_block = kv_bytes_per_block(loaded.model.config, config.block_size, loaded.dtype)
-    if config.kv_budget > 1:
-        budget = int(config.kv_budget)
-    else:
-        budget = int(available_memory(loaded.device) * config.kv_budget)
-    num_blocks = budget // per_block
-    max_len = config.max_model_len or loaded.max_model_len
-    if max_len > loaded.max_model_len:
-        raise KVBudgetError(
-            f"max_model_len {max_len} is beyond the model's context of "
-            f"{loaded.max_model_len} tokens"
-        )
-    capacity = num_blocks * config.block_size
-    if capacity < max_len:
-        need = -(-max_len // config.block_size) * per_block
-        raise KVBudgetError(
-            f"the KV budget of {_mib(budget)} holds {capacity} tokens "
-            f"({num_blocks} blocks of {config.block_size}), less than one sequence of "
-            f"max_model_len {max_len} tokens; give at least {_mib(need)} or lower "
-            "max_model_len"
-        )
-    return num_blocks, max_len
 
 
 class LLMEngine:

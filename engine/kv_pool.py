@@ -1,0 +1,57 @@
+"""KV pool sizing: how many blocks a memory budget buys, and whether one sequence fits."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .config import EngineConfig
+from .errors import KVBudgetError
+from .loader import LoadedModel
+from .model_runner import kv_bytes_per_block
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for the KV pool on ``device`` right now (after the weights are loaded)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _mib(num_bytes: int) -> str:
+    """Bytes as MiB with enough digits to be non-zero for small test budgets."""
+    return f"{num_bytes / 2**20:.3g} MiB"
+
+
+def plan_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
+    """Return (number of KV blocks, max model length) for the budget, or raise KVBudgetError."""
+    per_block = kv_bytes_per_block(loaded.model.config, config.block_size, loaded.dtype)
+    if config.kv_budget > 1:
+        budget = int(config.kv_budget)
+    else:
+        budget = int(available_memory(loaded.device) * config.kv_budget)
+    num_blocks = budget // per_block
+    max_len = config.max_model_len or loaded.max_model_len
+    if max_len > loaded.max_model_len:
+        raise KVBudgetError(
+            f"max_model_len {max_len} is beyond the model's context of "
+            f"{loaded.max_model_len} tokens"
+        )
+    capacity = num_blocks * config.block_size
+    if capacity < max_len:
+        need = -(-max_len // config.block_size) * per_block
+        raise KVBudgetError(
+            f"the KV budget of {_mib(budget)} holds {capacity} tokens "
+            f"({num_blocks} blocks of {config.block_size}), less than one sequence of "
+            f"max_model_len {max_len} tokens; give at least {_mib(need)} or lower "
+            "max_model_len"
+        )
+    return num_blocks, max_len

@@ -1,0 +1,60 @@
+"""What the engine hands back: per-request deltas and timings, per-step traces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sequence import FinishReason
+
+
+@dataclass(slots=True, frozen=True)
+class RequestTiming:
+    """A finished request's monotonic timestamps, for latency figures per request."""
+
+    arrival: float
+    first_scheduled: float | None
+    first_token: float | None
+    finished: float | None
+    num_preemptions: int
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival to first being scheduled."""
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        """Seconds from arrival to the first generated token."""
+        return None if self.first_token is None else self.first_token - self.arrival
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What one step produced for one request: a text delta, and the totals once it ends."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finished: bool
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    timing: RequestTiming | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class StepTrace:
+    """One step's figures, recorded when ``LLMEngine.trace`` is a list (benchmarks)."""
+
+    time: float
+    duration: float
+    forward: float
+    num_batched_tokens: int
+    num_chunks: int
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_live_tokens: int
+    kv_allocated_slots: int
+    num_preemptions: int
