@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,21 @@ from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 ROOT = Path(__file__).resolve().parents[2]
-# Home Assistant finds custom integrations by importing the `custom_components` package;
-# the test modules import it too, after this conftest.
+# Home Assistant finds custom integrations by importing the `custom_components` package.
+# Import ours now: Home Assistant's loader would otherwise import the test harness's own
+# `custom_components` (from its testing config folder) first, which lacks paged_llm.
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+importlib.import_module("custom_components")
 
 DOMAIN = "paged_llm"
 
+# Varied English; the SmolLM2 tokenizer gives about one token per word.
+SENTENCE = (
+    "the kitchen light turned on at seven while the heating in the hall kept the "
+    "temperature near twenty degrees and the washing machine finished its cycle before "
+    "noon so the family went out for a walk along the river past the old mill"
+)
 CONVERSATION_TITLE = "Tiny conversation"
 AI_TASK_TITLE = "Tiny AI task"
 
@@ -113,3 +122,16 @@ async def init_integration(
     if mock_config_entry.state is ConfigEntryState.LOADED:
         assert await hass.config_entries.async_unload(mock_config_entry.entry_id)
         await hass.async_block_till_done()
+
+
+@pytest.fixture
+def make_long_text() -> Callable[[int], str]:
+    """Make a text of roughly the given number of tokens."""
+
+    def long_text(tokens: int) -> str:
+        words = SENTENCE.split(" ")
+        return " ".join(
+            words[i % len(words)] + ("." if i % 17 == 16 else "") for i in range(tokens)
+        )
+
+    return long_text

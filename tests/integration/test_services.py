@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +15,6 @@ from homeassistant.helpers import intent
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm.const import DOMAIN
-
-# Varied English; the SmolLM2 tokenizer gives about one token per word.
-SENTENCE = (
-    "the kitchen light turned on at seven while the heating in the hall kept the "
-    "temperature near twenty degrees and the washing machine finished its cycle before "
-    "noon so the family went out for a walk along the river past the old mill"
-)
-
-
-def long_text(tokens: int = 3000) -> str:
-    """A text of roughly ``tokens`` tokens."""
-    words = SENTENCE.split(" ")
-    return " ".join(words[i % len(words)] + ("." if i % 17 == 16 else "") for i in range(tokens))
 
 
 async def _call(hass: HomeAssistant, service: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +48,7 @@ async def test_generate_returns_text_and_token_counts(
 
 
 async def test_summarize_a_text_runs_in_the_background_class(
-    hass: HomeAssistant, init_integration: MockConfigEntry
+    hass: HomeAssistant, init_integration: MockConfigEntry, make_long_text: Callable[[int], str]
 ) -> None:
     engine = init_integration.runtime_data.engine
     priorities: list[Any] = []
@@ -72,7 +60,7 @@ async def test_summarize_a_text_runs_in_the_background_class(
 
     engine.generate = observed  # type: ignore[method-assign]
     try:
-        response = await _call(hass, "summarize", {"text": long_text(300), "max_tokens": 8})
+        response = await _call(hass, "summarize", {"text": make_long_text(300), "max_tokens": 8})
     finally:
         del engine.generate
     assert response["summary"]
@@ -83,7 +71,10 @@ async def test_summarize_a_text_runs_in_the_background_class(
 
 
 async def test_summarize_chunks_a_text_beyond_the_context(
-    hass: HomeAssistant, mock_config_entry: MockConfigEntry, ha_core: None
+    hass: HomeAssistant,
+    mock_config_entry: MockConfigEntry,
+    ha_core: None,
+    make_long_text: Callable[[int], str],
 ) -> None:
     hass.config_entries.async_update_entry(
         mock_config_entry, data={**mock_config_entry.data, "max_model_len": 512}
@@ -92,7 +83,7 @@ async def test_summarize_chunks_a_text_beyond_the_context(
     await hass.async_block_till_done()
     try:
         assert mock_config_entry.runtime_data.engine.engine.max_model_len == 512
-        response = await _call(hass, "summarize", {"text": long_text(1500), "max_tokens": 8})
+        response = await _call(hass, "summarize", {"text": make_long_text(1500), "max_tokens": 8})
         assert response["summary"]
         assert response["chunks"] >= 3
         # Each part is summarised, then the parts' summaries are merged into one.
@@ -102,11 +93,14 @@ async def test_summarize_chunks_a_text_beyond_the_context(
 
 
 async def test_summarize_a_file_in_an_allowed_folder(
-    hass: HomeAssistant, init_integration: MockConfigEntry, tmp_path: Path
+    hass: HomeAssistant,
+    init_integration: MockConfigEntry,
+    tmp_path: Path,
+    make_long_text: Callable[[int], str],
 ) -> None:
     hass.config.allowlist_external_dirs = {str(tmp_path)}
     notes = tmp_path / "notes.txt"
-    notes.write_text(long_text(200), encoding="utf-8")
+    notes.write_text(make_long_text(200), encoding="utf-8")
     response = await _call(hass, "summarize", {"path": str(notes), "max_tokens": 4})
     assert response["summary"]
     assert response["prompt_tokens"] > 200
@@ -133,7 +127,10 @@ async def _expect_error(
 
 
 async def test_bad_inputs_fail_clearly_and_the_rest_keeps_working(
-    hass: HomeAssistant, init_integration: MockConfigEntry, tmp_path: Path
+    hass: HomeAssistant,
+    init_integration: MockConfigEntry,
+    tmp_path: Path,
+    make_long_text: Callable[[int], str],
 ) -> None:
     engine = init_integration.runtime_data.engine
     hass.config.allowlist_external_dirs = {str(tmp_path / "allowed")}
@@ -158,7 +155,7 @@ async def test_bad_inputs_fail_clearly_and_the_rest_keeps_working(
     err = await _expect_error(
         hass,
         "generate",
-        {"prompt": long_text(5000), "max_tokens": 16},
+        {"prompt": make_long_text(5000), "max_tokens": 16},
         "rejected_context_too_long",
     )
     assert "4096" in str(err)

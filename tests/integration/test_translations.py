@@ -1,0 +1,119 @@
+"""Strings: every flow step, error, entity, action and exception the code uses is translated."""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from custom_components.paged_llm.const import SERVICE_GENERATE, SERVICE_SUMMARIZE
+from custom_components.paged_llm.sensor import SENSORS
+
+INTEGRATION = Path(__file__).resolve().parents[2] / "custom_components" / "paged_llm"
+STRINGS = json.loads((INTEGRATION / "strings.json").read_text(encoding="utf-8"))
+SOURCES = {path.name: path.read_text(encoding="utf-8") for path in INTEGRATION.glob("*.py")}
+
+
+def _placeholders(message: str) -> set[str]:
+    """The named placeholders of a translated message."""
+    return {field for _, field, _, _ in string.Formatter().parse(message) if field}
+
+
+def test_english_translation_equals_strings() -> None:
+    english = json.loads((INTEGRATION / "translations" / "en.json").read_text(encoding="utf-8"))
+    assert english == STRINGS
+    # Custom integrations get no build step that resolves references.
+    assert "[%key:" not in json.dumps(STRINGS)
+
+
+def test_every_translation_key_in_the_code_has_a_message() -> None:
+    used = {
+        key
+        for name, source in SOURCES.items()
+        if name != "sensor.py"  # entity names, checked below
+        for key in re.findall(r'translation_key="([a-z0-9_]+)"', source)
+    }
+    exceptions = STRINGS["exceptions"]
+    assert used <= set(exceptions), used - set(exceptions)
+    # Keys built at run time: load failures and engine rejections.
+    for key in (
+        "torch_unavailable",
+        "engine_unavailable",
+        "kv_budget_too_small",
+        "model_load_failed",
+        "engine_start_failed",
+        "rejected",
+        "rejected_context_too_long",
+        "rejected_exceeds_kv_pool",
+        "rejected_queue_full",
+        "rejected_empty_prompt",
+        "rejected_invalid_token",
+    ):
+        assert key in exceptions, key
+
+
+def test_every_flow_error_and_step_is_translated() -> None:
+    config = STRINGS["config"]
+    flow = SOURCES["config_flow.py"] + SOURCES["runtime.py"]
+    errors = set(re.findall(r'errors\["base"\](?:, reason)? = "([a-z_]+)"', flow))
+    errors |= set(re.findall(r'\{"base": "([a-z_]+)"\}', flow))
+    errors |= {
+        "torch_unavailable",
+        "engine_unavailable",
+        "kv_budget_too_small",
+        "model_load_failed",
+        "engine_start_failed",
+    }
+    assert errors <= set(config["error"]), errors - set(config["error"])
+    steps = set(re.findall(r'(?<![a-z_])step_id="([a-z_]+)"', flow)) - {"set_options"}
+    assert steps <= set(config["step"]), steps - set(config["step"])
+    assert set(re.findall(r'progress_action="([a-z_]+)"', flow)) <= set(config["progress"])
+    for kind in ("conversation", "ai_task_data"):
+        sub = STRINGS["config_subentries"][kind]
+        assert {"user", "reconfigure"} <= set(sub["initiate_flow"])
+        assert "set_options" in sub["step"]
+
+
+def test_error_messages_only_use_placeholders_the_code_fills() -> None:
+    filled = {"reason", "code", "model", "path", "size", "limit", "priority", "priorities"}
+    filled |= {"error", "output", "max_tokens", "context"}
+    for entry in STRINGS["exceptions"].values():
+        assert _placeholders(entry["message"]) <= filled, entry
+    for message in STRINGS["config"]["error"].values():
+        assert _placeholders(message) <= {"reason"}
+
+
+def test_entities_and_icons_cover_every_sensor() -> None:
+    icons = json.loads((INTEGRATION / "icons.json").read_text(encoding="utf-8"))
+    for description in SENSORS:
+        assert description.translation_key in STRINGS["entity"]["sensor"]
+        assert description.translation_key in icons["entity"]["sensor"]
+
+
+def test_actions_are_described_and_translated() -> None:
+    services: dict[str, Any] = yaml.safe_load(
+        (INTEGRATION / "services.yaml").read_text(encoding="utf-8")
+    )
+    assert set(services) == {SERVICE_GENERATE, SERVICE_SUMMARIZE}
+    icons = json.loads((INTEGRATION / "icons.json").read_text(encoding="utf-8"))
+    for name, spec in services.items():
+        strings = STRINGS["services"][name]
+        assert strings["name"]
+        assert strings["description"]
+        assert set(spec["fields"]) == set(strings["fields"]), name
+        assert name in icons["services"]
+    options = services[SERVICE_GENERATE]["fields"]["priority"]["selector"]["select"]["options"]
+    assert set(options) == set(STRINGS["selector"]["priority"]["options"])
+
+
+def test_manifest_requirement_points_at_the_tagged_release() -> None:
+    manifest = json.loads((INTEGRATION / "manifest.json").read_text(encoding="utf-8"))
+    (requirement,) = manifest["requirements"]
+    assert requirement.startswith("paged-llm @ git+https://")
+    assert requirement.endswith(f"@v{manifest['version']}")
+    assert manifest["iot_class"] == "local_push"
+    assert set(manifest["dependencies"]) == {"ai_task", "conversation"}
