@@ -67,8 +67,11 @@ class EngineConfig:
             raise ValueError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
             )
-        if self.block_size not in (8, 16, 32, 64, 128):
-            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        # Block size 1 is token-granular paging: useless for speed, but the sharpest test.
+        if self.block_size not in (1, 8, 16, 32, 64, 128):
+            raise ValueError(
+                f"block_size must be one of 1, 8, 16, 32, 64, 128, got {self.block_size}"
+            )
         if self.kv_budget <= 0:
             raise ValueError(f"kv_budget must be > 0, got {self.kv_budget}")
         if self.attention_backend not in ("auto", "torch", "triton"):

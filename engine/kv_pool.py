@@ -26,6 +26,10 @@ def available_memory(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+# With max_model_len unset, a pool smaller than this many tokens is an error at start.
+AUTO_MIN_MODEL_LEN = 2048
+
+
 def _mib(num_bytes: int) -> str:
     """Bytes as MiB with enough digits to be non-zero for small test budgets."""
     return f"{num_bytes / 2**20:.3g} MiB"
@@ -39,13 +43,18 @@ def plan_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
     else:
         budget = int(available_memory(loaded.device) * config.kv_budget)
     num_blocks = budget // per_block
-    max_len = config.max_model_len or loaded.max_model_len
+    capacity = num_blocks * config.block_size
+    if config.max_model_len is None:
+        # Automatic: the model's context, shortened to what the pool holds, but never below
+        # a length that still serves Home Assistant's long system prompt and a document.
+        max_len = min(loaded.max_model_len, max(capacity, AUTO_MIN_MODEL_LEN))
+    else:
+        max_len = config.max_model_len
     if max_len > loaded.max_model_len:
         raise KVBudgetError(
             f"max_model_len {max_len} is beyond the model's context of "
             f"{loaded.max_model_len} tokens"
         )
-    capacity = num_blocks * config.block_size
     if capacity < max_len:
         need = -(-max_len // config.block_size) * per_block
         raise KVBudgetError(

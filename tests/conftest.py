@@ -61,6 +61,8 @@ def tiny_config(arch: str = "llama", vocab_size: int = 49152) -> Any:
     }
     if arch == "llama":
         return LlamaConfig(tie_word_embeddings=True, **common)
+    if arch == "llama_mha":  # one KV head per query head
+        return LlamaConfig(tie_word_embeddings=True, **{**common, "num_key_value_heads": 4})
     if arch == "qwen2":  # biases on q/k/v
         return Qwen2Config(tie_word_embeddings=False, use_sliding_window=False, **common)
     if arch == "mistral":

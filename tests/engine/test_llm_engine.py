@@ -199,3 +199,14 @@ def test_triton_path_gives_the_same_greedy_tokens_as_the_torch_path() -> None:
         results[backend] = run_all(engine, prompts, params)
         assert engine.kv_manager.num_used_blocks == 0
     assert results["triton"] == results["torch"]
+
+
+def test_automatic_context_shrinks_to_the_pool_but_not_below_the_floor() -> None:
+    from paged_llm.engine.kv_pool import AUTO_MIN_MODEL_LEN
+
+    # 8 KiB a block of 16 tokens: 300 blocks hold 4800 tokens, more than the 4096 context.
+    assert make_engine(kv_budget=300 * 8192, max_model_len=None).max_model_len == 4096
+    # 160 blocks hold 2560 tokens: the context shrinks to what fits.
+    assert make_engine(kv_budget=160 * 8192, max_model_len=None).max_model_len == 2560
+    with pytest.raises(KVBudgetError, match=f"max_model_len {AUTO_MIN_MODEL_LEN} tokens"):
+        make_engine(kv_budget=100 * 8192, max_model_len=None)

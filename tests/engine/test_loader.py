@@ -70,3 +70,37 @@ def test_cuda_requested_without_a_gpu_is_a_clear_error() -> None:
         pytest.skip("this machine has a GPU")
     with pytest.raises(ModelLoadError, match="no CUDA GPU"):
         load_model(EngineConfig(model=DEFAULT_MODEL, device="cuda"))
+
+
+def test_bundled_model_first_32_greedy_tokens_equal_generate() -> None:
+    config = EngineConfig(
+        model=DEFAULT_MODEL,
+        device="cpu",
+        dtype="float32",
+        cache_dir=CACHE / "converted",
+        max_model_len=2048,
+    )
+    loaded = load_model(config)
+    engine = LLMEngine(loaded, config)
+    questions = [
+        "What is the capital of France?",
+        "Turn on the kitchen lights.",
+        "Write a haiku about a thermostat.",
+        "How many minutes are in a day?",
+    ]
+    prompts = [engine.tokenize([{"role": "user", "content": q}]) for q in questions]
+    # Both stop at the end-of-turn token, and both include it in the output.
+    params = SamplingParams(temperature=0, max_tokens=32)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, request_id=str(i))
+    got: dict[str, list[int]] = {str(i): [] for i in range(4)}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id].extend(out.token_ids)
+    model = loaded.model
+    model.set_attn_implementation("sdpa")
+    for i, prompt in enumerate(prompts):
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[
+            0, len(prompt) :
+        ].tolist()
+        assert got[str(i)] == ref, questions[i]
