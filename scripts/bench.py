@@ -487,6 +487,42 @@ def overhead_experiment(
     return rows
 
 
+def batch32_experiment(
+    loaded: LoadedModel, workload: list[HomeRequest], args: argparse.Namespace
+) -> dict[str, Any]:
+    """32 chat requests at once: this engine against transformers' generate_batch."""
+    from transformers import GenerationConfig
+
+    chats = [r for r in workload if r.priority != "background"]
+    prompts = [chats[i % len(chats)].prompt_ids for i in range(32)]
+    new_tokens = 64
+    engine = LLMEngine(loaded, engine_config(args, KVLayout.PAGED))
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    began = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, request_id=f"b{i}")
+    produced = 0
+    while engine.has_unfinished():
+        produced += len(engine.step())
+    ours = time.perf_counter() - began
+    engine.close()
+
+    model = loaded.model
+    model.set_attn_implementation("sdpa")
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1)
+    began = time.perf_counter()
+    outputs = model.generate_batch(prompts, generation_config=config, progress_bar=False)
+    theirs = time.perf_counter() - began
+    theirs_tokens = sum(len(o.generated_tokens) for o in outputs.values())
+    return {
+        "requests": 32,
+        "new_tokens": new_tokens,
+        "engine_tokens_per_s": produced / ours,
+        "generate_batch_tokens_per_s": theirs_tokens / theirs,
+        "ratio": (produced / ours) / (theirs_tokens / theirs),
+    }
+
+
 def machine_limits(loaded: LoadedModel) -> dict[str, float]:
     """Measured matmul rate and memory bandwidth, and the decode rates they allow."""
     dtype = loaded.dtype
@@ -692,7 +728,9 @@ def main() -> None:
     parser.add_argument("--kv-mib", type=int, default=96)
     parser.add_argument("--token-budget", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=2560)
-    parser.add_argument("--skip", default="", help="comma-separated: sequential,hf-cb,contiguous")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated: sequential,hf-cb,contiguous,batch32"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     mode = "full" if args.full else "quick"
@@ -778,6 +816,10 @@ def main() -> None:
         [8, 32] if mode == "quick" else [8, 32, 128],
     )
     data["limits"] = machine_limits(loaded)
+    if "batch32" not in skip:
+        data["batch32"] = timed(
+            "32 requests vs generate_batch", batch32_experiment, loaded, workload, args
+        )
     if mode == "full":
         bursty = build_workload(loaded.tokenizer, mode, args.seed, bursty=True)
         brun = timed(
