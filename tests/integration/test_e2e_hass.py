@@ -1,0 +1,318 @@
+"""End to end: a real Home Assistant process, set up over REST, serving concurrent requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HASS = Path(sys.executable).with_name("hass")
+STARTUP_TIMEOUT_S = 120
+CONFIGURATION = """\
+homeassistant:
+  name: Paged LLM end to end
+  latitude: 52.37
+  longitude: 4.89
+  elevation: 0
+  unit_system: metric
+  time_zone: UTC
+  currency: EUR
+  country: NL
+  allowlist_external_dirs:
+    - {docs}
+http:
+  server_host: 127.0.0.1
+  server_port: {port}
+api:
+auth:
+config:
+onboarding:
+conversation:
+logger:
+  default: warning
+  logs:
+    custom_components.paged_llm: debug
+"""
+
+
+def _free_port() -> int:
+    """A free TCP port on the loopback interface."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class HomeAssistantProcess:
+    """A Home Assistant started with ``hass -c`` and spoken to over HTTP on 127.0.0.1."""
+
+    def __init__(self, config_dir: Path, port: int) -> None:
+        self.config_dir = config_dir
+        self.base = f"http://127.0.0.1:{port}"
+        self.log = config_dir / "home-assistant.log"
+        self.token: str | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start Home Assistant; requirements are not installed (nothing leaves the host)."""
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        self.process = subprocess.Popen(
+            [
+                str(HASS),
+                "-c",
+                str(self.config_dir),
+                "--skip-pip",
+                "--log-no-color",
+                "--log-file",
+                str(self.log),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+    def request(
+        self, method: str, path: str, body: Any = None, *, form: bool = False, timeout: float = 60
+    ) -> tuple[int, Any]:
+        """One HTTP request; returns the status and the decoded JSON body."""
+        headers = {}
+        data = None
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if body is not None:
+            if form:
+                data = urllib.parse.urlencode(body).encode()
+                headers["Content-Type"] = "application/x-www-form-urlencoded"
+            else:
+                data = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.base + path, data, headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                raw = response.read()
+                return response.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            try:
+                return err.code, json.loads(raw)
+            except ValueError:
+                return err.code, raw.decode(errors="replace")
+
+    def wait_until_up(self) -> None:
+        """Wait for the HTTP API to answer."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"Home Assistant exited early:\n{self.log_tail()}")
+            try:
+                status, _ = self.request("GET", "/api/onboarding", timeout=5)
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                status = 0
+            if status == 200:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"Home Assistant did not come up:\n{self.log_tail()}")
+
+    def onboard(self) -> None:
+        """Create the owner through onboarding and get an access token."""
+        client_id = self.base + "/"
+        status, body = self.request(
+            "POST",
+            "/api/onboarding/users",
+            {
+                "client_id": client_id,
+                "name": "Test Owner",
+                "username": "owner",
+                "password": "a-long-test-password",
+                "language": "en",
+            },
+        )
+        assert status == 200, body
+        status, token = self.request(
+            "POST",
+            "/auth/token",
+            {"grant_type": "authorization_code", "code": body["auth_code"], "client_id": client_id},
+            form=True,
+        )
+        assert status == 200, token
+        self.token = token["access_token"]
+        status, body = self.request(
+            "POST",
+            "/api/onboarding/integration",
+            {"client_id": client_id, "redirect_uri": client_id + "?auth_callback=1"},
+        )
+        assert status == 200, body
+
+    def stop(self) -> int:
+        """Stop Home Assistant cleanly and return its exit code."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.request("POST", "/api/services/homeassistant/stop", {})
+            try:
+                return self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+                raise
+        return self.process.returncode
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The end of Home Assistant's log."""
+        if not self.log.exists():
+            return "(no log)"
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        """All entity states by entity id."""
+        status, body = self.request("GET", "/api/states")
+        assert status == 200, body
+        return {state["entity_id"]: state for state in body}
+
+
+@pytest.fixture
+def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssistantProcess]:
+    """A fresh Home Assistant with this integration linked into its config folder."""
+    config_dir = tmp_path / "config"
+    (config_dir / "custom_components").mkdir(parents=True)
+    (config_dir / "custom_components" / "paged_llm").symlink_to(
+        ROOT / "custom_components" / "paged_llm", target_is_directory=True
+    )
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    port = _free_port()
+    (config_dir / "configuration.yaml").write_text(
+        CONFIGURATION.format(port=port, docs=docs), encoding="utf-8"
+    )
+    hass = HomeAssistantProcess(config_dir, port)
+    hass.start()
+    try:
+        yield hass
+    finally:
+        assert hass.process is not None
+        if hass.process.poll() is None:
+            os.killpg(hass.process.pid, signal.SIGKILL)
+            hass.process.wait()
+
+
+def _create_entry(hass: HomeAssistantProcess, model: str) -> dict[str, Any]:
+    """Run the config flow over the REST API, waiting out the model load."""
+    status, result = hass.request(
+        "POST", "/api/config/config_entries/flow", {"handler": "paged_llm"}
+    )
+    assert status == 200, result
+    assert result["step_id"] == "user"
+    flow_id = result["flow_id"]
+    status, result = hass.request(
+        "POST",
+        f"/api/config/config_entries/flow/{flow_id}",
+        {
+            "model": model,
+            "device": "cpu",
+            "dtype": "float32",
+            "kv_budget_mib": 8,
+            "block_size": "16",
+            "max_num_seqs": 16,
+            "max_model_len": 0,
+        },
+    )
+    assert status == 200, result
+    deadline = time.monotonic() + 60
+    while result["type"] == "progress" and time.monotonic() < deadline:
+        assert result["progress_action"] == "load_model"
+        time.sleep(0.3)
+        status, result = hass.request("GET", f"/api/config/config_entries/flow/{flow_id}")
+        assert status == 200, result
+    assert result["type"] == "create_entry", result
+    return result
+
+
+@pytest.mark.slow
+def test_real_home_assistant_serves_concurrent_requests(
+    home_assistant: HomeAssistantProcess,
+    tiny_model_dir: Path,
+    make_long_text: Callable[[int], str],
+) -> None:
+    hass = home_assistant
+    hass.wait_until_up()
+    hass.onboard()
+
+    result = _create_entry(hass, str(tiny_model_dir))
+    entry_id = result["result"]["entry_id"]
+    assert result["result"]["state"] == "loaded"
+    status, entries = hass.request("GET", "/api/config/config_entries/entry?domain=paged_llm")
+    assert status == 200, entries
+    assert [(e["entry_id"], e["state"]) for e in entries] == [(entry_id, "loaded")]
+
+    states = hass.states()
+    (agent,) = [e for e in states if e.startswith("conversation.") and "paged_llm" in e]
+    sensors = {e: s for e, s in states.items() if e.startswith("sensor.") and "tiny_llama" in e}
+    assert len(sensors) == 9, sorted(states)
+
+    def converse(i: int) -> tuple[int, Any]:
+        return hass.request(
+            "POST",
+            "/api/conversation/process",
+            {"text": f"Turn on lamp {i}", "agent_id": agent, "language": "en"},
+        )
+
+    def summarize() -> tuple[int, Any]:
+        return hass.request(
+            "POST",
+            "/api/services/paged_llm/summarize?return_response",
+            {"text": make_long_text(2000), "max_tokens": 32},
+        )
+
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        summary = pool.submit(summarize)
+        answers = [pool.submit(converse, i) for i in range(4)]
+        replies = [future.result(timeout=120) for future in answers]
+        summary_status, summary_body = summary.result(timeout=120)
+
+    for status, reply in replies:
+        assert status == 200, reply
+        assert reply["response"]["response_type"] == "action_done", reply
+        assert reply["response"]["speech"]["plain"]["speech"]
+    assert summary_status == 200, summary_body
+    response = summary_body["service_response"]
+    assert response["summary"]
+    assert response["prompt_tokens"] > 1500
+
+    # The sensors were pushed while the requests ran, and are idle again now.
+    usage = next(e for e in sensors if e.endswith("kv_cache_usage"))
+    blocks = next(e for e in sensors if e.endswith("kv_blocks_in_use"))
+    ttft = next(e for e in sensors if e.endswith("time_to_first_token_p95"))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = hass.states()
+        if states[blocks]["state"] == "0":
+            break
+        time.sleep(0.3)
+    assert states[blocks]["state"] == "0"
+    assert states[usage]["state"] == "0.0"
+    assert float(states[ttft]["state"]) > 0
+    assert states[blocks]["attributes"]["kv_blocks_total"] > 0
+
+    assert hass.stop() == 0
+    # This test environment lacks packages some default integrations need; only what
+    # concerns this integration and its engine must be clean.
+    records = re.split(r"\n(?=\d{4}-\d\d-\d\d )", hass.log.read_text(errors="replace"))
+    ours = [r for r in records if "paged_llm" in r]
+    assert ours, "the integration logged nothing at debug level"
+    assert not [r for r in ours if " ERROR " in r or "Traceback" in r], ours
+    assert not [r for r in records if "Detected blocking call" in r]
