@@ -88,8 +88,13 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
         engine.engine.max_model_len,
     )
 
+    # Its own logger: a debug line per pushed snapshot would drown the integration's log.
     coordinator: DataUpdateCoordinator[MetricsSnapshot] = DataUpdateCoordinator(
-        hass, LOGGER, config_entry=entry, name=f"{DOMAIN} {entry.title}", update_interval=None
+        hass,
+        LOGGER.getChild("metrics"),
+        config_entry=entry,
+        name=f"{DOMAIN} {entry.title}",
+        update_interval=None,
     )
     coordinator.async_set_updated_data(engine.metrics())
     device = dr.async_get(hass).async_get_or_create(
