@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal, override
 
 from homeassistant.components import conversation
+from homeassistant.components.conversation.models import AbstractConversationAgent
 from homeassistant.config_entries import ConfigSubentry
 from homeassistant.const import CONF_LLM_HASS_API, CONF_PROMPT, MATCH_ALL
 from homeassistant.core import HomeAssistant
@@ -32,7 +33,7 @@ async def async_setup_entry(
 
 class PagedLLMConversationEntity(
     conversation.ConversationEntity,
-    conversation.AbstractConversationAgent,
+    AbstractConversationAgent,
     PagedLLMBaseLLMEntity,
 ):
     """A conversation agent; its requests are interactive, served before everything else."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from homeassistant.util.package import is_installed, parse_requirement_safe
 
 from custom_components.paged_llm.const import SERVICE_GENERATE, SERVICE_SUMMARIZE
 from custom_components.paged_llm.sensor import SENSORS
@@ -113,7 +114,12 @@ def test_actions_are_described_and_translated() -> None:
 def test_manifest_requirement_points_at_the_tagged_release() -> None:
     manifest = json.loads((INTEGRATION / "manifest.json").read_text(encoding="utf-8"))
     (requirement,) = manifest["requirements"]
-    assert requirement.startswith("paged-llm @ git+https://")
-    assert requirement.endswith(f"@v{manifest['version']}")
+    version = manifest["version"]
+    assert requirement.startswith("git+https://github.com/")
+    assert requirement.endswith(f"@v{version}#paged-llm=={version}")
+    # Home Assistant checks the fragment's pin against the installed version, so an
+    # installed library is not fetched again at every start (offline restarts work).
+    assert is_installed(requirement)
+    assert parse_requirement_safe(requirement).name == "paged-llm"
     assert manifest["iot_class"] == "local_push"
     assert set(manifest["dependencies"]) == {"ai_task", "conversation"}
