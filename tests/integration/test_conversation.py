@@ -247,3 +247,59 @@ async def test_tool_call_loop_runs_the_tool_and_returns_its_result(
     assert '"sky":"sunny"' in second[-1]["content"].replace(" ", "")
     kinds = [type(c).__name__ for c in chat_log.content[1:]]
     assert kinds == ["UserContent", "AssistantContent", "ToolResultContent", "AssistantContent"]
+
+
+# A chat template that renders tools itself, as Qwen's and Llama 3.1's do.
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% if loop.first and tools %}\n# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+async def test_tools_go_through_a_chat_template_that_knows_them(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    entry = init_integration
+    tool = _WeatherTool()
+    unregister = llm.async_register_api(hass, _WeatherAPI(hass, tool))
+    subentry = next(s for s in entry.subentries.values() if s.subentry_type == "conversation")
+    hass.config_entries.async_update_subentry(
+        entry, subentry, data={**subentry.data, CONF_LLM_HASS_API: ["weather_api"]}
+    )
+    await hass.async_block_till_done()
+    engine = entry.runtime_data.engine
+    tokenizer = engine.engine.tokenizer
+    original = tokenizer.chat_template
+    calls: list[tuple[Any, Any]] = []
+    real_generate = engine.generate
+
+    def observed(prompt: Any, *args: Any, **kwargs: Any) -> AsyncIterator[RequestOutput]:
+        calls.append((prompt, kwargs.get("tools")))
+        return real_generate(prompt, *args, **kwargs)
+
+    tokenizer.chat_template = TOOL_TEMPLATE
+    try:
+        with patch.object(engine, "generate", observed):
+            result = await conversation.async_converse(
+                hass,
+                "Weather in Oslo?",
+                None,
+                Context(),
+                agent_id=_conversation_entity_id(hass, entry),
+            )
+        assert result.response.response_type is intent.IntentResponseType.ACTION_DONE
+        ((prompt, tools),) = calls
+        # The template gets the tools; the system prompt does not describe them again.
+        assert tools is not None
+        assert tools[0]["function"]["name"] == "get_weather"
+        assert tools[0]["function"]["parameters"]["required"] == ["city"]
+        assert "<tools>" not in prompt[0]["content"]
+        rendered = tokenizer.decode(
+            await hass.async_add_executor_job(engine.engine.tokenize, prompt, tools)
+        )
+        assert '"name": "get_weather"' in rendered
+    finally:
+        tokenizer.chat_template = original
+        unregister()
