@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -278,11 +279,28 @@ def test_real_home_assistant_serves_concurrent_requests(
             {"text": make_long_text(2000), "max_tokens": 32},
         )
 
-    with ThreadPoolExecutor(max_workers=5) as pool:
+    usage = next(e for e in sensors if e.endswith("kv_cache_usage"))
+    blocks = next(e for e in sensors if e.endswith("kv_blocks_in_use"))
+    running = next(e for e in sensors if e.endswith("running_sequences"))
+    ttft = next(e for e in sensors if e.endswith("time_to_first_token_p95"))
+    seen: dict[str, list[float]] = {usage: [], running: []}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            states = hass.states()
+            for entity_id, values in seen.items():
+                values.append(float(states[entity_id]["state"]))
+            time.sleep(0.2)
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        watcher = pool.submit(watch)
         summary = pool.submit(summarize)
         answers = [pool.submit(converse, i) for i in range(4)]
         replies = [future.result(timeout=120) for future in answers]
         summary_status, summary_body = summary.result(timeout=120)
+        done.set()
+        watcher.result(timeout=30)
 
     for status, reply in replies:
         assert status == 200, reply
@@ -294,9 +312,8 @@ def test_real_home_assistant_serves_concurrent_requests(
     assert response["prompt_tokens"] > 1500
 
     # The sensors were pushed while the requests ran, and are idle again now.
-    usage = next(e for e in sensors if e.endswith("kv_cache_usage"))
-    blocks = next(e for e in sensors if e.endswith("kv_blocks_in_use"))
-    ttft = next(e for e in sensors if e.endswith("time_to_first_token_p95"))
+    assert max(seen[usage]) > 0
+    assert max(seen[running]) > 0
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         states = hass.states()
