@@ -172,7 +172,7 @@ def is_transient_load_error(err: BaseException) -> bool:
     return False
 
 
-def engine_error(err: EngineError | ValueError) -> HomeAssistantError:
+def engine_error(err: EngineError) -> HomeAssistantError:
     """A translated Home Assistant error for an error the engine raised on a request."""
     reason = str(err)
     if isinstance(err, RequestRejected):

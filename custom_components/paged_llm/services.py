@@ -211,8 +211,11 @@ class Summarizer:
         tokenizer = llm_engine.tokenizer
         overhead = len(llm_engine.tokenize(_prompt(self.engine, self._messages(instruction, "."))))
         budget = llm_engine.max_model_len - self.params.max_tokens - overhead - 8
-        if budget < 2 * self.params.max_tokens:
-            # Merging summaries of this length would never shrink the text.
+        ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) <= budget:
+            return [text]
+        if budget < 4 * self.params.max_tokens:
+            # Each round of merging must at least halve the text, or it would never end.
             raise ServiceValidationError(
                 translation_domain=DOMAIN,
                 translation_key="summary_max_tokens_too_large",
@@ -221,9 +224,6 @@ class Summarizer:
                     "context": str(llm_engine.max_model_len),
                 },
             )
-        ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) <= budget:
-            return [text]
         return [tokenizer.decode(ids[i : i + budget]) for i in range(0, len(ids), budget)]
 
     async def _summarize_piece(self, instruction: str, text: str) -> str:
@@ -246,8 +246,8 @@ class Summarizer:
         partial = await asyncio.gather(
             *(self._summarize_piece(SUMMARY_PROMPT, piece) for piece in pieces)
         )
-        merged = "\n\n".join(f"Part {i}: {summary}" for i, summary in enumerate(partial, 1))
-        return await self.async_summarize(merged, SUMMARY_COMBINE_PROMPT)
+        # Every round at least halves the text (see _split), so this recursion is shallow.
+        return await self.async_summarize("\n\n".join(partial), SUMMARY_COMBINE_PROMPT)
 
 
 async def _async_generate(call: ServiceCall) -> ServiceResponse:

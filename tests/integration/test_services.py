@@ -148,6 +148,13 @@ async def test_bad_inputs_fail_clearly_and_the_rest_keeps_working(
     )
     await _expect_error(hass, "summarize", {}, "text_or_path")
     err = await _expect_error(
+        hass,
+        "summarize",
+        {"text": make_long_text(5000), "max_tokens": 2000},
+        "summary_max_tokens_too_large",
+    )
+    assert "4096" in str(err)
+    err = await _expect_error(
         hass, "generate", {"prompt": "hi", "priority": "urgent"}, "invalid_priority"
     )
     assert "interactive, automation, background" in str(err)
