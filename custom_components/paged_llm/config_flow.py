@@ -31,7 +31,7 @@ from homeassistant.helpers.selector import (
 )
 
 from paged_llm.engine.config import EngineConfig
-from paged_llm.engine.errors import EngineDeadError, KVBudgetError
+from paged_llm.engine.errors import EngineDeadError, KVBudgetError, ModelLoadError
 
 from .const import (
     BLOCK_SIZES,
@@ -195,6 +195,7 @@ def check_kv_budget(entry: PagedLLMConfigEntry, config: EngineConfig) -> None:
     Exact only when the running engine already has the model on the same device and dtype;
     otherwise the check is left to the restart.
     """
+    # These import torch: fine here, in an executor, with the running engine's torch loaded.
     from paged_llm.engine.llm_engine import plan_kv_pool
     from paged_llm.engine.loader import resolve_device, resolve_dtype
 
@@ -316,8 +317,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 config = engine_config(self.hass, data)
                 if entry.state is ConfigEntryState.LOADED:
                     await self.hass.async_add_executor_job(check_kv_budget, entry, config)
-            except KVBudgetError as err:
-                errors["base"], reason = "kv_budget_too_small", str(err)
+            except (KVBudgetError, ModelLoadError) as err:
+                errors["base"], reason = load_error_key(err), str(err)
             except ValueError as err:
                 errors["base"], reason = "invalid_settings", str(err)
             else:

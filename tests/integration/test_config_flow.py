@@ -301,3 +301,28 @@ async def test_ai_task_subentry_flow(
     entity_id = er.async_get(hass).async_get_entity_id("ai_task", DOMAIN, subentry_id)
     assert entity_id is not None
     assert hass.states.get(entity_id) is not None
+
+
+@pytest.mark.skipif(
+    importlib.import_module("torch").cuda.is_available(), reason="needs a machine without CUDA"
+)
+async def test_reconfigure_to_a_missing_gpu_is_a_form_error(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    entry = init_integration
+    result = await entry.start_reconfigure_flow(hass)
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"],
+        {
+            "device": "cuda",
+            "dtype": "float32",
+            "kv_budget_mib": 4,
+            "block_size": "16",
+            "max_num_seqs": 16,
+            "max_model_len": 0,
+        },
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["errors"] == {"base": "model_load_failed"}
+    assert "no CUDA GPU" in result["description_placeholders"]["reason"]
+    assert entry.data["device"] == "cpu"
