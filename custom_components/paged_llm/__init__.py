@@ -88,6 +88,10 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
         engine.engine.max_model_len,
     )
 
+    async def _async_latest_metrics() -> MetricsSnapshot:
+        # Only for a manual refresh (homeassistant.update_entity); the engine pushes updates.
+        return engine.metrics()
+
     # Its own logger: a debug line per pushed snapshot would drown the integration's log.
     coordinator: DataUpdateCoordinator[MetricsSnapshot] = DataUpdateCoordinator(
         hass,
@@ -95,6 +99,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
         config_entry=entry,
         name=f"{DOMAIN} {entry.title}",
         update_interval=None,
+        update_method=_async_latest_metrics,
     )
     coordinator.async_set_updated_data(engine.metrics())
     device = dr.async_get(hass).async_get_or_create(

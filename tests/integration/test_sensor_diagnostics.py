@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from homeassistant.components.diagnostics import REDACTED
 from homeassistant.const import EntityCategory
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers import entity_registry as er
+from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm.const import DOMAIN
@@ -61,6 +63,21 @@ async def test_sensors_are_diagnostic_entities_of_one_service_device(
     ]
     assert len(agents) == 2
     assert all(d is not None and d.via_device_id == device.id for d in agents)
+
+
+async def test_a_manual_refresh_reads_the_latest_snapshot(
+    hass: HomeAssistant, init_integration: MockConfigEntry, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert await async_setup_component(hass, "homeassistant", {})
+    await hass.services.async_call(
+        "homeassistant",
+        "update_entity",
+        {"entity_id": "sensor.tiny_kv_blocks_in_use"},
+        blocking=True,
+    )
+    await hass.async_block_till_done()
+    assert hass.states.get("sensor.tiny_kv_blocks_in_use").state == "0"
+    assert "Update for sensor.tiny_kv_blocks_in_use fails" not in caplog.text
 
 
 async def test_sensors_become_unavailable_when_the_engine_stops(
