@@ -43,23 +43,34 @@ CLASSES = ("interactive", "automation", "background")
 # Measurement helpers ------------------------------------------------------------------------
 
 
+def _busy_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU jiffies of the whole machine since boot."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _own_jiffies() -> int:
+    """CPU jiffies this process (all its threads) has used."""
+    with open("/proc/self/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
 def quiet_check(seconds: float = 2.0) -> dict[str, Any]:
-    """Sample runnable processes; the machine is quiet when nothing else wants the CPU."""
-    samples = []
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        with open("/proc/stat") as stat:
-            for line in stat:
-                if line.startswith("procs_running"):
-                    samples.append(int(line.split()[1]) - 1)  # minus this process
-        time.sleep(0.1)
-    others = statistics.mean(samples) if samples else 0.0
-    load1 = os.getloadavg()[0]
+    """Measure how much CPU other processes use; the machine is quiet when it is near none."""
+    busy0, total0 = _busy_jiffies()
+    own0 = _own_jiffies()
+    time.sleep(seconds)
+    busy1, total1 = _busy_jiffies()
+    own1 = _own_jiffies()
+    others = max(0, (busy1 - busy0) - (own1 - own0)) / max(1, total1 - total0)
     return {
-        "other_runnable_mean": round(others, 2),
-        "loadavg_1min": round(load1, 2),
+        "other_cpu_share": round(others, 3),
+        "loadavg_1min": round(os.getloadavg()[0], 2),
         "cores": os.cpu_count(),
-        "quiet": others < 0.3,
+        "quiet": others < 0.05,
     }
 
 
@@ -624,7 +635,8 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
         f"Machine: {data['machine']}; torch {data['torch']}; "
         f"model {data['model']} ({data['dtype']}); "
         f"KV budget {data['kv_mib']} MiB; quiet check: {'quiet' if q['quiet'] else 'BUSY'} "
-        f"(other runnable {q['other_runnable_mean']}, load {q['loadavg_1min']}).",
+        f"(other processes used {100 * q['other_cpu_share']:.0f}% of the CPU before the run, "
+        f"{100 * data['quiet_after']['other_cpu_share']:.0f}% after).",
         f"Workload: {data['workload']}.",
         "",
         "| system | tokens/s | vs sequential | preemptions | KV utilization | peak RSS MiB |",
@@ -846,6 +858,8 @@ def main() -> None:
         }
         for r in runs
     ]
+    # Other work that started mid-run skews figures as much as work before it.
+    data["quiet_after"] = quiet_check()
     data["plots"] = write_plots(runs, out)
     (out / "results.json").write_text(json.dumps(data, indent=1, default=str))
     text = report(data, runs)
