@@ -39,6 +39,7 @@ async def async_setup(hass: HomeAssistant, config: ConfigType) -> bool:
     async_setup_services(hass)
 
     async def _async_stop_pending(_event: Event) -> None:
+        """Stop the engines config flows started and no entry took over."""
         await async_stop_pending_engines(hass)
 
     hass.bus.async_listen_once(EVENT_HOMEASSISTANT_STOP, _async_stop_pending)
@@ -89,7 +90,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
     )
 
     async def _async_latest_metrics() -> MetricsSnapshot:
-        # Only for a manual refresh (homeassistant.update_entity); the engine pushes updates.
+        """The latest snapshot, for a manual refresh; the engine pushes the others."""
         return engine.metrics()
 
     # Its own logger: a debug line per pushed snapshot would drown the integration's log.
@@ -111,6 +112,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
     entry.async_on_unload(engine.subscribe(coordinator.async_set_updated_data))
 
     async def _async_stop_engine(_event: Event) -> None:
+        """Stop the engine's thread and free its memory when Home Assistant stops."""
         await engine.stop()
 
     entry.async_on_unload(hass.bus.async_listen(EVENT_HOMEASSISTANT_STOP, _async_stop_engine))
