@@ -222,18 +222,26 @@ class AsyncEngine:
         engine = self._engine
         assert engine is not None
         last_snapshot = last_publish = 0.0
-        dirty = False
+        dirty = unpublished = False
         try:
             while not self._stopping:
                 self._wakeup.clear()
                 self._drain(engine)
                 if not engine.has_unfinished():
-                    if dirty:
+                    # Going idle refreshes the readable figures at once; pushes keep to the
+                    # rate limit. While idle the throughput window still drains, so keep
+                    # refreshing until it reads 0.
+                    if dirty or self._snapshot.generation_throughput > 0:
                         self._snapshot = engine.metrics()
-                        self._publish()
-                        last_publish = time.monotonic()
-                        dirty = False
-                    self._wakeup.wait(timeout=PUBLISH_INTERVAL_S)
+                        dirty, unpublished = False, True
+                    wait = PUBLISH_INTERVAL_S
+                    if unpublished:
+                        wait = last_publish + PUBLISH_INTERVAL_S - time.monotonic()
+                        if wait <= 0:
+                            self._publish()
+                            last_publish = time.monotonic()
+                            unpublished, wait = False, PUBLISH_INTERVAL_S
+                    self._wakeup.wait(timeout=wait)
                     continue
                 for out in engine.step():
                     self._deliver(out)
@@ -242,9 +250,11 @@ class AsyncEngine:
                 if now - last_snapshot >= SNAPSHOT_INTERVAL_S:
                     self._snapshot = engine.metrics()
                     last_snapshot = now
+                    unpublished = True
                 if now - last_publish >= PUBLISH_INTERVAL_S:
                     self._publish()
                     last_publish = now
+                    unpublished = False
         except BaseException as err:
             _LOGGER.exception("The engine's step loop crashed")
             self._error = err

@@ -182,7 +182,8 @@ def test_manifest_follows_hassfest_rules() -> None:
         "calculated",
     }
     assert manifest["documentation"].startswith("https://")
-    assert isinstance(manifest["requirements"], list) and manifest["requirements"]
+    assert isinstance(manifest["requirements"], list)
+    assert manifest["requirements"]
     assert isinstance(manifest["dependencies"], list)
     version = AwesomeVersion(manifest["version"])
     assert version.strategy in {AwesomeVersionStrategy.SEMVER, AwesomeVersionStrategy.SIMPLEVER}
