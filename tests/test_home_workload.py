@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from conftest import tokenizer_dir
+from support import tokenizer_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from home_workload import MODES, build_workload

@@ -14,7 +14,7 @@ from paged_llm.engine.errors import EngineDeadError, InvalidSamplingParams, Requ
 from paged_llm.engine.metrics import MetricsSnapshot
 from paged_llm.engine.sequence import FinishReason, Priority, SamplingParams
 
-from conftest import make_loaded
+from support import make_loaded
 
 
 async def started(**overrides: object) -> AsyncEngine:

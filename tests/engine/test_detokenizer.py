@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 
 from paged_llm.engine.detokenizer import Detokenizer
 
-from conftest import tokenizer_dir
+from support import tokenizer_dir
 
 
 @pytest.fixture(scope="module")

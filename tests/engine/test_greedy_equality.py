@@ -10,7 +10,7 @@ import torch
 
 from paged_llm.engine.sequence import SamplingParams
 
-from conftest import make_engine, tiny_config
+from support import make_engine, tiny_config
 
 # (prompt length, max_tokens, arrival step) for 16 requests: lengths 1..300, 1..64 tokens.
 rng = random.Random(11)

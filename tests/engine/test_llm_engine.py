@@ -10,7 +10,7 @@ import torch
 from paged_llm.engine.errors import KVBudgetError, RequestRejected
 from paged_llm.engine.sequence import FinishReason, Priority, SamplingParams
 
-from conftest import make_engine
+from support import make_engine
 
 
 def reference_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:

@@ -14,7 +14,7 @@ from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import cpu_supports_bf16, load_model, resolve_dtype
 from paged_llm.engine.sequence import SamplingParams
 
-from conftest import CACHE
+from support import CACHE
 
 
 def test_bundled_default_loads_offline_converts_once_and_answers() -> None:

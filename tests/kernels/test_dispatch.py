@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 import torch
-from kernel_cases import TOLERANCE, make_step, rel_err
 
 from paged_llm import kernels
 from paged_llm.kernels import dispatch, reference
+
+from kernel_cases import TOLERANCE, make_step, rel_err
 
 triton_attention = pytest.importorskip("paged_llm.kernels.triton_attention")
 triton_store = pytest.importorskip("paged_llm.kernels.triton_store")

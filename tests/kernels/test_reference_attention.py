@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import TOLERANCE, AttentionConfig, make_step, mixed_seqs, oracle, rel_err
 
 from paged_llm.kernels import reference
+
+from kernel_cases import TOLERANCE, AttentionConfig, make_step, mixed_seqs, oracle, rel_err
 
 # Every listed value of each axis appears at least once, without the full cross product.
 CONFIGS = [

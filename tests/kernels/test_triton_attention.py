@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import TOLERANCE, AttentionConfig, make_step, mixed_seqs, oracle, rel_err
 
 from paged_llm.kernels import reference
 from paged_llm.kernels.triton_config import tile_shape
+
+from kernel_cases import TOLERANCE, AttentionConfig, make_step, mixed_seqs, oracle, rel_err
 
 triton_attention = pytest.importorskip("paged_llm.kernels.triton_attention")
 if not triton_attention.INTERPRETED:

