@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -220,6 +221,16 @@ class Scheduler:
             key=lambda s: (s.priority, s.last_started_time or 0.0),
         )
 
+    def _aged_class(self, seq: Sequence, now: float) -> int:
+        """A running sequence's class after aging since its arrival.
+
+        A waiting request may take blocks or a seat only from a sequence whose aged class
+        is worse than its own: otherwise a steady stream of voice queries could preempt
+        the same long summary again and again, and it would be scheduled but never finish.
+        """
+        waited = max(0.0, now - seq.arrival_time)
+        return max(0, int(seq.priority) - math.floor(waited / self.config.aging_seconds))
+
     def _reserve(self, seq: Sequence, num_tokens: int, step: _Step) -> bool:
         """Schedule a running sequence, preempting others (or itself) until its blocks fit."""
         kv = self.kv_manager
@@ -241,7 +252,7 @@ class Scheduler:
         seq = ticket.seq
         if len(self._running) >= self.config.max_num_seqs:
             victim = self._victim()
-            if victim.priority <= effective_class:
+            if self._aged_class(victim, step.now) <= effective_class:
                 return False
             self._preempt(victim, step)
         kv = self.kv_manager
@@ -250,7 +261,7 @@ class Scheduler:
             if not self._running:
                 return False
             victim = self._victim()
-            if victim.priority <= effective_class:
+            if self._aged_class(victim, step.now) <= effective_class:
                 return False
             self._preempt(victim, step)
         self._waiting.remove(seq.request_id)
