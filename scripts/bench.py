@@ -468,11 +468,17 @@ def overhead_experiment(
     for n in sizes:
         config = engine_config(args, KVLayout.PAGED)
         config.max_num_seqs = max(n, config.max_num_seqs)
+        # Long enough that the first sequences still decode when the last prefill ends,
+        # so there are steps where all n decode together; and room for all of them.
+        prompt, new_tokens = 64, 24 + (n * 64) // config.max_num_batched_tokens + 8
+        per_block = kv_bytes_per_block(loaded.model.config, config.block_size, loaded.dtype)
+        blocks = -(-(prompt + new_tokens) // config.block_size)
+        config.kv_budget = max(config.kv_budget, (blocks * n + 8) * per_block)
         engine = LLMEngine(loaded, config)
         for i in range(n):
             engine.add_request(
-                list(range(1000 + i, 1064 + i)),
-                SamplingParams(temperature=0.7, max_tokens=24, ignore_eos=True),
+                list(range(1000 + i, 1000 + prompt + i)),
+                SamplingParams(temperature=0.7, max_tokens=new_tokens, ignore_eos=True),
                 request_id=f"o{i}",
             )
         while engine.scheduler.num_waiting or any(
@@ -694,7 +700,7 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
     for row in data["overhead"]:
         lines.append(
             f"| {row['sequences']} | {row['step_ms']:.1f} | {row['forward_ms']:.1f} | "
-            f"{100 * row['outside_share']:.1f}% | {row['tokens_per_s']:.1f} |"
+            f"{fmt(row['outside_share'], 100, 1)}% | {fmt(row['tokens_per_s'], 1, 1)} |"
         )
     if "batch32" in data:
         b = data["batch32"]
@@ -725,6 +731,8 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
         memory_limit = m["batch1_tokens_per_s_limit"] * row["sequences"]
         limit = min(memory_limit, m["compute_tokens_per_s_limit"])
         bound = "memory" if memory_limit < m["compute_tokens_per_s_limit"] else "compute"
+        if row["tokens_per_s"] is None:
+            continue
         lines.append(
             f"- {row['sequences']} sequences: {row['tokens_per_s']:.0f} tokens/s = "
             f"{100 * row['tokens_per_s'] / limit:.0f}% of the {bound} limit "
