@@ -162,17 +162,11 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
         """Take ``seq`` out of every queue, release its blocks and mark it finished."""
-        rid = seq.request_id
         if seq.status is RUNNING:
             self._running.remove(seq)
         else:
-            self._waiting.remove(rid)
-        self.kv_manager.free(seq)
-        del self._seqs[rid]
-        self._tickets.pop(rid, None)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
-        seq.finished_time = now
+            self._waiting.remove(seq.request_id)
+        self._finish_running(seq, reason, now)
 
     def schedule(self) -> SchedulerOutput:
         """Build the next batch: decodes, then prefill chunks in class-then-arrival order."""
@@ -340,7 +334,7 @@ class Scheduler:
         return None
 
     def _finish_running(self, seq: Sequence, reason: FinishReason, now: float) -> None:
-        """Finish a running sequence, leaving its removal from ``running`` to the caller."""
+        """Release a dequeued sequence's blocks and mark it finished (the caller dequeues)."""
         rid = seq.request_id
         self.kv_manager.free(seq)
         del self._seqs[rid]

@@ -13,6 +13,15 @@ def _fail(message: str) -> None:
     raise ValueError(message)
 
 
+def _check_cache_pair(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    """Both caches are [num_blocks, block_size, num_kv_heads, head_dim] of one shape."""
+    if key_cache.dim() != 4 or value_cache.shape != key_cache.shape:
+        _fail(
+            "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, "
+            f"head_dim], got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
+        )
+
+
 def check_store_args(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -26,11 +35,7 @@ def check_store_args(
             "key and value must both be [num_tokens, num_kv_heads, head_dim], "
             f"got {tuple(key.shape)} and {tuple(value.shape)}"
         )
-    if key_cache.dim() != 4 or value_cache.shape != key_cache.shape:
-        _fail(
-            "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, "
-            f"head_dim], got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
-        )
+    _check_cache_pair(key_cache, value_cache)
     if key.shape[1:] != key_cache.shape[2:]:
         _fail(
             f"key heads/dim {tuple(key.shape[1:])} do not match the cache's "
@@ -57,11 +62,7 @@ def check_attention_args(
         _fail(f"query must be [num_tokens, num_heads, head_dim], got {tuple(query.shape)}")
     if query.dtype not in SUPPORTED_DTYPES:
         _fail(f"query dtype must be float16, bfloat16 or float32, got {query.dtype}")
-    if key_cache.dim() != 4 or value_cache.shape != key_cache.shape:
-        _fail(
-            "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, "
-            f"head_dim], got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
-        )
+    _check_cache_pair(key_cache, value_cache)
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[2]
     if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
