@@ -56,6 +56,10 @@ def paged_attention_forward(
     v = value[0].transpose(0, 1)
     store_kv(k, v, key_cache, value_cache, meta.slot_mapping, backend=meta.backend)
     scale = float(scaling) if scaling is not None else q.shape[-1] ** -0.5
+    # transformers passes a layer's window (None on full-attention layers, from
+    # config.layer_types) and Gemma 2's attn_logit_softcapping as these kwargs.
+    window = kwargs.get("sliding_window")
+    softcap = kwargs.get("softcap")
     out = paged_attention(
         q,
         key_cache,
@@ -67,6 +71,8 @@ def paged_attention_forward(
         max_query_len=meta.max_query_len,
         max_context_len=meta.max_context_len,
         backend=meta.backend,
+        sliding_window=int(window) if window is not None else None,
+        softcap=float(softcap) if softcap is not None else None,
     )
     return out.unsqueeze(0), None
 
