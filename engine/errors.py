@@ -29,6 +29,16 @@ class ModelLoadError(EngineError):
     code = "model_load_failed"
 
 
+class UnsupportedModelError(ModelLoadError):
+    """The model needs an attention feature or architecture the engine does not run exactly."""
+
+    code = "unsupported_model"
+
+    def __init__(self, message: str, feature: str) -> None:
+        super().__init__(message)
+        self.feature = feature
+
+
 class EngineDeadError(EngineError):
     """The engine's step loop crashed or was stopped; no request can be served."""
 

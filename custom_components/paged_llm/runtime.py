@@ -25,6 +25,7 @@ from paged_llm.engine.errors import (
     KVBudgetError,
     ModelLoadError,
     RequestRejected,
+    UnsupportedModelError,
 )
 from paged_llm.engine.metrics import MetricsSnapshot
 
@@ -155,6 +156,8 @@ def load_error_key(err: BaseException) -> str:
         return "engine_unavailable"
     if isinstance(err, KVBudgetError):
         return "kv_budget_too_small"
+    if isinstance(err, UnsupportedModelError):
+        return "unsupported_model"
     if isinstance(err, ModelLoadError):
         return "model_load_failed"
     return "engine_start_failed"
