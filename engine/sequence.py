@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 
 from .errors import InvalidSamplingParams
 
+# Below this temperature sampling is argmax: dividing logits by it would overflow to NaN.
+GREEDY_TEMPERATURE = 1e-5
+# Seeds torch's generators take: any 64-bit value, signed or unsigned.
+SEED_RANGE = range(-(2**63), 2**64)
+
 
 class Priority(enum.IntEnum):
     """Priority class of a request; a lower value is served first."""
@@ -89,6 +94,10 @@ class SamplingParams:
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise InvalidSamplingParams(f"seed must be an integer or None, got {self.seed!r}")
+        if seed is not None and seed not in SEED_RANGE:
+            raise InvalidSamplingParams(
+                f"seed must be a 64-bit integer (between -2**63 and 2**64 - 1), got {seed}"
+            )
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidSamplingParams(
                 f"stop must be a sequence of non-empty strings, got {self.stop!r}"
@@ -105,7 +114,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         """Whether sampling reduces to argmax."""
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
 
 @dataclass(slots=True, eq=False)
