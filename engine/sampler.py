@@ -14,9 +14,9 @@ class Sampler:
     """Picks one token per row of logits, each row with its own sequence's parameters.
 
     Random rows sample by inverse CDF: one uniform number per row against the row's
-    cumulative probabilities, in vocabulary order. That needs one random draw per request (so a seeded request
-    only advances its own generator) instead of a noise vector over the whole vocabulary,
-    which on a CPU costs more than the rest of sampling together.
+    cumulative probabilities, in vocabulary order. That needs one random draw per request
+    (so a seeded request only advances its own generator) instead of a noise vector over
+    the whole vocabulary, which on a CPU costs more than the rest of sampling together.
     """
 
     def __init__(self, device: torch.device) -> None:
