@@ -15,6 +15,16 @@ class InvalidSamplingParams(EngineError, ValueError):
     code = "invalid_sampling_params"
 
 
+class InvalidArgument(EngineError, TypeError, ValueError):
+    """An argument of a public entry point has the wrong type or form; ``argument`` names it."""
+
+    code = "invalid_argument"
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
 class RequestRejected(EngineError):
     """Admission control refused a request; ``code`` says which limit it hit."""
 

@@ -121,10 +121,13 @@ class ModelRunner:
         # Seconds the last step spent in the model's forward pass (benchmarks read it).
         self.last_forward_s = 0.0
 
-    def execute(self, output: SchedulerOutput, block_tables: list[list[int]]) -> dict[str, int]:
+    def execute(
+        self, output: SchedulerOutput, block_tables: list[list[int]]
+    ) -> dict[str, int | Exception]:
         """Run the step's chunks in one forward pass; return a token per sampling sequence.
 
-        ``block_tables`` holds each chunk's block table, in chunk order.
+        ``block_tables`` holds each chunk's block table, in chunk order. A forward-pass
+        failure raises; a request whose sampling fails gets its exception instead of a token.
         """
         chunks = output.chunks
         if not chunks:
@@ -180,7 +183,12 @@ class ModelRunner:
             if not sample_rows:
                 return {}
             seqs = [chunks[i].seq for i in sample_rows]
-            tokens = self.sampler.sample(logits, seqs)
+            tokens: list[int | Exception]
+            try:
+                tokens = list(self.sampler.sample(logits, seqs))
+            except Exception:
+                # One request broke the batch: sample row by row so only it fails.
+                tokens = self.sampler.sample_each(logits, seqs)
         return {seq.request_id: tok for seq, tok in zip(seqs, tokens, strict=True)}
 
     def release(self, request_id: str) -> None:

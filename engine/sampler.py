@@ -52,6 +52,19 @@ class Sampler:
         chosen[torch.tensor(rows, device=logits.device)] = picked
         return chosen.tolist()
 
+    def sample_each(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int | Exception]:
+        """Sample row by row, returning the exception of a row that fails instead of raising.
+
+        The fallback after a batched ``sample`` raised, so one request's failure stays its own.
+        """
+        results: list[int | Exception] = []
+        for row, seq in enumerate(seqs):
+            try:
+                results.append(self.sample(logits[row : row + 1], [seq])[0])
+            except Exception as err:  # handed to that request, not swallowed
+                results.append(err)
+        return results
+
     def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Sample the non-greedy rows: temperature, then top-k / top-p, then inverse CDF.
 

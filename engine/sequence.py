@@ -98,15 +98,28 @@ class SamplingParams:
             raise InvalidSamplingParams(
                 f"seed must be a 64-bit integer (between -2**63 and 2**64 - 1), got {seed}"
             )
-        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+        # None means no stop strings and one string is one stop string, as in OpenAI's API.
+        if self.stop is None:
+            object.__setattr__(self, "stop", ())
+        elif isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if self.stop_token_ids is None:
+            object.__setattr__(self, "stop_token_ids", ())
+        if not isinstance(self.stop, list | tuple) or not all(
+            isinstance(s, str) and s for s in self.stop
+        ):
             raise InvalidSamplingParams(
                 f"stop must be a sequence of non-empty strings, got {self.stop!r}"
             )
-        if not all(
+        if not isinstance(self.stop_token_ids, list | tuple) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
             raise InvalidSamplingParams(
                 f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}"
+            )
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidSamplingParams(
+                f"ignore_eos must be True or False, got {self.ignore_eos!r}"
             )
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
