@@ -14,7 +14,9 @@ from .errors import UnsupportedModelError
 SUPPORTED_MODEL_TYPES = {
     "llama": "Llama (SmolLM2 and others)",
     "mistral": "Mistral (sliding window)",
-    "qwen2": "Qwen2 (per-layer sliding window)",
+    "qwen2": "Qwen2",
+    "qwen3": "Qwen3",
+    "phi3": "Phi-3 (sliding window)",
     "gemma2": "Gemma 2 (alternating sliding window, attention soft-capping)",
     "gemma3_text": "Gemma 3 text (alternating sliding window)",
 }

@@ -67,6 +67,14 @@ def tiny_config(arch: str = "llama", vocab_size: int = 49152) -> Any:
         return MistralConfig(sliding_window=None, **common)
     if arch == "mistral_window":  # a window shorter than most test prompts, on every layer
         return MistralConfig(sliding_window=24, **common)
+    if arch == "phi3_window":  # Phi-3-mini publishes a window (2047) on every layer
+        from transformers import Phi3Config
+
+        return Phi3Config(sliding_window=24, tie_word_embeddings=False, **common)
+    if arch == "qwen3":  # q/k norms, explicit head_dim
+        from transformers import Qwen3Config
+
+        return Qwen3Config(head_dim=16, tie_word_embeddings=False, **common)
     if arch in ("gemma2", "gemma3"):
         return _gemma_config(arch, common)
     raise ValueError(arch)

@@ -45,7 +45,18 @@ def test_refused_models_name_the_feature(config: Any, feature: str, tmp_path: Pa
 
 
 @pytest.mark.parametrize(
-    "arch", ["llama", "llama_mha", "qwen2", "mistral", "mistral_window", "gemma2", "gemma3"]
+    "arch",
+    [
+        "llama",
+        "llama_mha",
+        "qwen2",
+        "qwen3",
+        "mistral",
+        "mistral_window",
+        "phi3_window",
+        "gemma2",
+        "gemma3",
+    ],
 )
 def test_every_tested_architecture_is_accepted(arch: str) -> None:
     config = tiny_config(arch, 512)

@@ -84,6 +84,8 @@ CASES = [
     ("mistral_window", 40, 16),
     ("mistral_window", 32, 32),
     ("mistral_window", 11, 32),
+    ("phi3_window", None, 16),  # window 24
+    ("qwen3", None, 32),  # no window: Qwen3's own layers, on the allow-list
 ]
 
 
