@@ -32,11 +32,13 @@ SNAPSHOT_INTERVAL_S = 0.2
 class _Stream:
     """Where one request's outputs go: a queue owned by the caller's event loop.
 
-    None in the queue means the request was aborted: the stream ends at once.
+    ``aborted`` (and a None in the queue, to wake the consumer) means the request was
+    aborted: the stream ends at once, even before outputs already queued.
     """
 
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[RequestOutput | BaseException | None]
+    aborted: bool = False
 
     def put(self, item: RequestOutput | BaseException | None) -> None:
         """Hand an item over from the engine thread."""
@@ -185,7 +187,7 @@ class AsyncEngine:
         try:
             while True:
                 item = await stream.queue.get()
-                if item is None:
+                if item is None or stream.aborted:
                     finished = True
                     yield RequestOutput(
                         request_id,
@@ -222,6 +224,7 @@ class AsyncEngine:
         with self._lock:
             stream = self._streams.pop(request_id, None)
         if stream is not None:
+            stream.aborted = True
             stream.put(None)
         self._commands.put(_Abort(request_id))
         self._wakeup.set()
