@@ -98,15 +98,16 @@ class SamplingParams:
             raise InvalidSamplingParams(
                 f"seed must be a 64-bit integer (between -2**63 and 2**64 - 1), got {seed}"
             )
-        # None means no stop strings and one string is one stop string, as in OpenAI's API.
+        # None means no stop strings (OpenAI's null); a bare string is refused below, as
+        # iterating it would make each character a stop string.
         if self.stop is None:
             object.__setattr__(self, "stop", ())
-        elif isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
         if self.stop_token_ids is None:
             object.__setattr__(self, "stop_token_ids", ())
-        if not isinstance(self.stop, list | tuple) or not all(
-            isinstance(s, str) and s for s in self.stop
+        if (
+            isinstance(self.stop, str)
+            or not isinstance(self.stop, list | tuple)
+            or not all(isinstance(s, str) and s for s in self.stop)
         ):
             raise InvalidSamplingParams(
                 f"stop must be a sequence of non-empty strings, got {self.stop!r}"
