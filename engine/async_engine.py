@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import EngineConfig
-from .errors import EngineDeadError
+from .errors import EngineDeadError, RequestRejected
 from .llm_engine import LLMEngine, Prompt
 from .loader import LoadedModel, load_model
 from .metrics import MetricsSnapshot
 from .outputs import RequestOutput
-from .sequence import Priority, SamplingParams
+from .sequence import FinishReason, Priority, SamplingParams
+from .validation import check_params, check_priority, check_prompt, check_request_id, check_tools
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -29,12 +30,17 @@ SNAPSHOT_INTERVAL_S = 0.2
 
 @dataclass(slots=True)
 class _Stream:
-    """Where one request's outputs go: a queue owned by the caller's event loop."""
+    """Where one request's outputs go: a queue owned by the caller's event loop.
+
+    ``aborted`` (and a None in the queue, to wake the consumer) means the request was
+    aborted: the stream ends at once, even before outputs already queued.
+    """
 
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
+    queue: asyncio.Queue[RequestOutput | BaseException | None]
+    aborted: bool = False
 
-    def put(self, item: RequestOutput | BaseException) -> None:
+    def put(self, item: RequestOutput | BaseException | None) -> None:
         """Hand an item over from the engine thread."""
         # A closed loop raises RuntimeError: its consumer is gone and nobody is listening.
         with contextlib.suppress(RuntimeError):
@@ -106,7 +112,7 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._thread = None
-        self._fail_all(EngineDeadError("the engine was stopped"))
+        self._fail_all(EngineDeadError("the engine is stopped"))
         engine, self._engine = self._engine, None
         if engine is not None:
             await asyncio.get_running_loop().run_in_executor(None, engine.close)
@@ -134,7 +140,9 @@ class AsyncEngine:
         """Raise EngineDeadError when no request can be served."""
         if self._error is not None:
             raise EngineDeadError(f"the engine failed: {self._error}") from self._error
-        if self._stopping or self._engine is None or self._thread is None:
+        if self._stopping:
+            raise EngineDeadError("the engine is stopped")
+        if self._engine is None or self._thread is None:
             raise EngineDeadError("the engine is not running")
 
     async def generate(
@@ -148,11 +156,15 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; the last one has ``finished`` set and the totals.
 
-        Raises RequestRejected (admission), InvalidSamplingParams, or EngineDeadError.
+        Raises InvalidArgument (naming the argument), RequestRejected (admission; a
+        request_id that is live already), InvalidSamplingParams, or EngineDeadError.
         """
+        check_prompt(prompt)
+        params = check_params(params)
+        priority = check_priority(priority)
+        tools = check_tools(tools)
+        check_request_id(request_id)
         self._check_alive()
-        priority = Priority.parse(priority)
-        params = params or SamplingParams()
         arrival = time.monotonic()
         loop = asyncio.get_running_loop()
         engine = self.engine
@@ -162,16 +174,36 @@ class AsyncEngine:
         stream = _Stream(loop, asyncio.Queue())
         with self._lock:
             self._check_alive()
+            if request_id in self._streams:
+                # The live request keeps its stream; only this second one is refused.
+                raise RequestRejected(
+                    "duplicate_id", f"request id {request_id!r} is already in use"
+                )
             self._streams[request_id] = stream
         self._commands.put(_Add(request_id, token_ids, params, priority, arrival))
         self._wakeup.set()
         finished = False
+        completion_tokens = 0
         try:
             while True:
                 item = await stream.queue.get()
+                if item is None or stream.aborted:
+                    finished = True
+                    yield RequestOutput(
+                        request_id,
+                        "",
+                        [],
+                        True,
+                        FinishReason.ABORT,
+                        len(token_ids),
+                        completion_tokens,
+                        0,
+                    )
+                    return
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                completion_tokens += len(item.token_ids)
                 if item.finished:
                     finished = True
                 yield item
@@ -179,12 +211,21 @@ class AsyncEngine:
                     return
         finally:
             with self._lock:
-                self._streams.pop(request_id, None)
+                if self._streams.get(request_id) is stream:
+                    del self._streams[request_id]
             if not finished:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        """Ask the engine thread to abort a request (no-op when it already ended)."""
+        """Abort a request: its stream ends at once (finish reason abort), its blocks go back.
+
+        A no-op when the request already ended.
+        """
+        with self._lock:
+            stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.aborted = True
+            stream.put(None)
         self._commands.put(_Abort(request_id))
         self._wakeup.set()
 
@@ -290,7 +331,8 @@ class AsyncEngine:
         with self._lock:
             stream = self._streams.get(out.request_id)
         if stream is not None:
-            stream.put(out)
+            # A request that failed inside a step raises its own error to its consumer.
+            stream.put(out.error if out.error is not None else out)
 
     def _fail_all(self, err: BaseException) -> None:
         """Fail every pending request with ``err``."""

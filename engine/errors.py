@@ -15,6 +15,16 @@ class InvalidSamplingParams(EngineError, ValueError):
     code = "invalid_sampling_params"
 
 
+class InvalidArgument(EngineError, TypeError, ValueError):
+    """An argument of a public entry point has the wrong type or form; ``argument`` names it."""
+
+    code = "invalid_argument"
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
 class RequestRejected(EngineError):
     """Admission control refused a request; ``code`` says which limit it hit."""
 
@@ -27,6 +37,16 @@ class ModelLoadError(EngineError):
     """The model could not be loaded; the message names the model and the cause."""
 
     code = "model_load_failed"
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The model needs an attention feature or architecture the engine does not run exactly."""
+
+    code = "unsupported_model"
+
+    def __init__(self, message: str, feature: str) -> None:
+        super().__init__(message)
+        self.feature = feature
 
 
 class EngineDeadError(EngineError):

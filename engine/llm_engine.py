@@ -12,7 +12,7 @@ import torch
 from .config import EngineConfig, KVLayout
 from .contiguous_kv_cache_manager import ContiguousKVCacheManager
 from .detokenizer import Detokenizer
-from .errors import RequestRejected
+from .errors import EngineDeadError, RequestRejected
 from .kv_cache_manager import KVCacheManager
 from .kv_pool import plan_kv_pool
 from .loader import LoadedModel, load_model
@@ -21,6 +21,15 @@ from .model_runner import ModelRunner
 from .outputs import RequestOutput, RequestTiming, StepTrace
 from .scheduler import Scheduler
 from .sequence import FinishReason, Priority, SamplingParams, Sequence
+from .validation import (
+    check_arrival_time,
+    check_params,
+    check_priority,
+    check_prompt,
+    check_request_id,
+    check_token_ids,
+    check_tools,
+)
 
 Prompt = str | list[dict[str, Any]] | list[int]
 
@@ -56,6 +65,7 @@ class LLMEngine:
         self.recorder = MetricsRecorder()
         self._detokenizers: dict[str, Detokenizer] = {}
         self._next_id = 0
+        self._closed = False
         self.trace: list[StepTrace] | None = None
 
     @classmethod
@@ -70,6 +80,8 @@ class LLMEngine:
 
     def tokenize(self, prompt: Prompt, tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids for plain text, chat messages (through the chat template) or ids as given."""
+        check_prompt(prompt)
+        check_tools(tools)
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestRejected("empty_prompt", "the prompt is empty")
@@ -93,6 +105,12 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> Sequence:
         """Admit a tokenized request or raise RequestRejected saying which limit it hit."""
+        self._check_open()
+        check_token_ids(prompt_token_ids)
+        params = check_params(params)
+        priority = check_priority(priority)
+        check_request_id(request_id)
+        check_arrival_time(arrival_time)
         if not prompt_token_ids:
             raise RequestRejected("empty_prompt", "the prompt is empty")
         vocab = self.loaded.model.config.vocab_size
@@ -108,8 +126,8 @@ class LLMEngine:
         seq = Sequence(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
-            params=params or SamplingParams(),
-            priority=Priority.parse(priority),
+            params=params,
+            priority=priority,
             arrival_time=self.clock() if arrival_time is None else arrival_time,
         )
         if not seq.params.ignore_eos:
@@ -126,38 +144,63 @@ class LLMEngine:
         self._forget(seq)
         return True
 
+    def _check_open(self) -> None:
+        """Raise EngineDeadError once close() has run."""
+        if self._closed:
+            raise EngineDeadError("the engine is stopped: it was closed")
+
     def has_unfinished(self) -> bool:
         """Whether any request is waiting or running."""
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step and one forward pass; return the new output per request."""
+        self._check_open()
         started = time.perf_counter()
         self.runner.last_forward_s = 0.0
         output = self.scheduler.schedule()
-        sampled: dict[str, int] = {}
+        results: dict[str, int | Exception] = {}
         if output.chunks:
             tables = [self.kv_manager.block_table(chunk.seq) for chunk in output.chunks]
-            sampled = self.runner.execute(output, tables)
+            # A failure of the forward pass itself propagates: the engine cannot go on.
+            results = self.runner.execute(output, tables)
         by_id = {chunk.seq.request_id: chunk.seq for chunk in output.chunks}
+        sampled = {rid: t for rid, t in results.items() if not isinstance(t, Exception)}
         self.scheduler.update(output, sampled)
         self.recorder.record_step(self.clock(), len(sampled))
-        results = []
-        for request_id in sampled:
+        outputs = []
+        for request_id, token in results.items():
             seq = by_id[request_id]
-            detok = self._detokenizers[request_id]
-            text, stop_hit = detok.add(seq.token_ids, seq.num_prompt_tokens)
-            if seq.num_output_tokens == 1:
-                self.recorder.record_first_token(seq)
-            if stop_hit and not seq.is_finished:
-                self.scheduler.finish(seq, FinishReason.STOP)
-            if seq.is_finished:
-                text += detok.flush()
-                self._forget(seq)
-            results.append(self._output(seq, text, [seq.token_ids[-1]]))
+            try:
+                if isinstance(token, Exception):
+                    raise token
+                outputs.append(self._finish_step(seq))
+            except Exception as err:  # this request fails with its error; others go on
+                outputs.append(self._fail(seq, err))
         if self.trace is not None:
             self._record_trace(started, output.num_batched_tokens, len(output.chunks))
-        return results
+        return outputs
+
+    def _finish_step(self, seq: Sequence) -> RequestOutput:
+        """Detokenize a request's new token, apply stop strings, and package its output."""
+        detok = self._detokenizers[seq.request_id]
+        text, stop_hit = detok.add(seq.token_ids, seq.num_prompt_tokens)
+        if seq.num_output_tokens == 1:
+            self.recorder.record_first_token(seq)
+        if stop_hit and not seq.is_finished:
+            self.scheduler.finish(seq, FinishReason.STOP)
+        if seq.is_finished:
+            text += detok.flush()
+            self._forget(seq)
+        return self._output(seq, text, [seq.token_ids[-1]])
+
+    def _fail(self, seq: Sequence, err: Exception) -> RequestOutput:
+        """End one request that failed inside a step; its blocks go back, others go on."""
+        self.scheduler.finish(seq, FinishReason.ERROR)
+        self._forget(seq)
+        out = self._output(seq, "", [])
+        out.error = err
+        return out
 
     def _record_trace(self, started: float, num_tokens: int, num_chunks: int) -> None:
         """Append this step's figures to the benchmark trace."""
@@ -243,6 +286,7 @@ class LLMEngine:
         The LoadedModel itself is left intact so a caller that owns it (a benchmark running
         several engines over one set of weights) can reuse it.
         """
+        self._closed = True
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             self.scheduler.finish(seq, FinishReason.ABORT)
         self.runner.kv_caches.clear()

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .architectures import check_supported
 from .config import DEFAULT_MODEL, EngineConfig
 from .errors import ModelLoadError
 
@@ -128,8 +129,10 @@ def _load_gguf(gguf: Path, dtype: torch.dtype, cache_dir: Path | None) -> tuple[
 
 def _load_folder(source: str, dtype: torch.dtype, local_only: bool) -> tuple[Any, Any]:
     """Load a model and tokenizer from a folder or a Hugging Face id."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    # Refuse an unsupported model from its config, before its weights are read.
+    check_supported(AutoConfig.from_pretrained(source, local_files_only=local_only))
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only)
     return model, tokenizer
@@ -173,6 +176,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         else:
             # A Hugging Face id: from the local cache when offline, else downloaded once.
             model, tokenizer = _load_folder(source, dtype, local_only=False)
+        check_supported(model.config)
     except ModelLoadError:
         raise
     except Exception as err:

@@ -56,6 +56,10 @@ def paged_attention_forward(
     v = value[0].transpose(0, 1)
     store_kv(k, v, key_cache, value_cache, meta.slot_mapping, backend=meta.backend)
     scale = float(scaling) if scaling is not None else q.shape[-1] ** -0.5
+    # transformers passes a layer's window (None on full-attention layers, from
+    # config.layer_types) and Gemma 2's attn_logit_softcapping as these kwargs.
+    window = kwargs.get("sliding_window")
+    softcap = kwargs.get("softcap")
     out = paged_attention(
         q,
         key_cache,
@@ -67,6 +71,8 @@ def paged_attention_forward(
         max_query_len=meta.max_query_len,
         max_context_len=meta.max_context_len,
         backend=meta.backend,
+        sliding_window=int(window) if window is not None else None,
+        softcap=float(softcap) if softcap is not None else None,
     )
     return out.unsqueeze(0), None
 
@@ -115,10 +121,13 @@ class ModelRunner:
         # Seconds the last step spent in the model's forward pass (benchmarks read it).
         self.last_forward_s = 0.0
 
-    def execute(self, output: SchedulerOutput, block_tables: list[list[int]]) -> dict[str, int]:
+    def execute(
+        self, output: SchedulerOutput, block_tables: list[list[int]]
+    ) -> dict[str, int | Exception]:
         """Run the step's chunks in one forward pass; return a token per sampling sequence.
 
-        ``block_tables`` holds each chunk's block table, in chunk order.
+        ``block_tables`` holds each chunk's block table, in chunk order. A forward-pass
+        failure raises; a request whose sampling fails gets its exception instead of a token.
         """
         chunks = output.chunks
         if not chunks:
@@ -174,7 +183,12 @@ class ModelRunner:
             if not sample_rows:
                 return {}
             seqs = [chunks[i].seq for i in sample_rows]
-            tokens = self.sampler.sample(logits, seqs)
+            tokens: list[int | Exception]
+            try:
+                tokens = list(self.sampler.sample(logits, seqs))
+            except Exception:
+                # One request broke the batch: sample row by row so only it fails.
+                tokens = self.sampler.sample_each(logits, seqs)
         return {seq.request_id: tok for seq, tok in zip(seqs, tokens, strict=True)}
 
     def release(self, request_id: str) -> None:

@@ -41,6 +41,8 @@ class RequestOutput:
     completion_tokens: int
     cached_tokens: int
     timing: RequestTiming | None = None
+    # Set when this request failed inside a step (finish_reason ERROR); others went on.
+    error: Exception | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -14,9 +14,9 @@ class Sampler:
     """Picks one token per row of logits, each row with its own sequence's parameters.
 
     Random rows sample by inverse CDF: one uniform number per row against the row's
-    cumulative probabilities. That needs one random draw per request (so a seeded request
-    only advances its own generator) instead of a noise vector over the whole vocabulary,
-    which on a CPU costs more than the rest of sampling together.
+    cumulative probabilities, in vocabulary order. That needs one random draw per request
+    (so a seeded request only advances its own generator) instead of a noise vector over
+    the whole vocabulary, which on a CPU costs more than the rest of sampling together.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -39,7 +39,10 @@ class Sampler:
         return gen
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """Return one token id per row of ``logits`` (shape ``[len(seqs), vocab]``)."""
+        """Return one token id per row of ``logits`` (shape ``[len(seqs), vocab]``).
+
+        Callers apply penalties and grammar masks to ``logits`` before this last stage.
+        """
         greedy = [s.params.greedy for s in seqs]
         if all(greedy):
             return logits.argmax(dim=-1).tolist()
@@ -49,43 +52,74 @@ class Sampler:
         chosen[torch.tensor(rows, device=logits.device)] = picked
         return chosen.tolist()
 
+    def sample_each(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int | Exception]:
+        """Sample row by row, returning the exception of a row that fails instead of raising.
+
+        The fallback after a batched ``sample`` raised, so one request's failure stays its own.
+        """
+        results: list[int | Exception] = []
+        for row, seq in enumerate(seqs):
+            try:
+                results.append(self.sample(logits[row : row + 1], [seq])[0])
+            except Exception as err:  # handed to that request, not swallowed
+                results.append(err)
+        return results
+
     def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Sample the non-greedy rows: temperature, then top-k / top-p, then inverse CDF."""
+        """Sample the non-greedy rows: temperature, then top-k / top-p, then inverse CDF.
+
+        Batch invariance: every row's result depends only on its own logits, parameters
+        and generator. Rows are filtered in groups of equal candidate width, and the draw
+        walks each row's kept tokens in vocabulary order, so no neighbour's top-k or top-p
+        changes which token a seeded draw lands on.
+        """
         dev = logits.device
         temps = torch.tensor([s.params.temperature for s in seqs], device=dev)
         logits = logits / temps.unsqueeze(1)
         vocab = logits.shape[-1]
         top_ks = [s.params.top_k if 0 < s.params.top_k < vocab else vocab for s in seqs]
         top_ps = [s.params.top_p for s in seqs]
-        index: torch.Tensor | None = None
-        if min(top_ks) < vocab or min(top_ps) < 1.0:
-            # Work on candidates sorted by logit: the top max(k) when that is small, else all.
-            width = max(top_ks) if max(top_ks) <= _TOPK_FAST_LIMIT else vocab
-            if width < vocab:
-                logits, index = logits.topk(width, dim=-1)
-            else:
-                logits, index = logits.sort(dim=-1, descending=True)
-            logits = _mask_sorted(logits, top_ks, top_ps)
-        probs = torch.softmax(logits, dim=-1)
-        cdf = probs.cumsum(dim=-1)
+        groups: dict[int, list[int]] = {}
+        for row, (k, p) in enumerate(zip(top_ks, top_ps, strict=True)):
+            if k < vocab or p < 1.0:
+                # The top k when k is small (torch.topk), else the whole sorted row.
+                groups.setdefault(k if k <= _TOPK_FAST_LIMIT else vocab, []).append(row)
+        if groups:
+            floor = torch.full((len(seqs), 1), float("-inf"), device=dev)
+            for width, rows in groups.items():
+                index = torch.tensor(rows, device=dev)
+                sub = logits.index_select(0, index)
+                if width < vocab:
+                    ranked = sub.topk(width, dim=-1).values
+                else:
+                    ranked = sub.sort(dim=-1, descending=True).values
+                ks = [top_ks[r] for r in rows]
+                floor[index, 0] = _kept_floor(ranked, ks, [top_ps[r] for r in rows])
+            logits = logits.masked_fill(logits < floor, float("-inf"))
+        cdf = torch.softmax(logits, dim=-1).cumsum(dim=-1)
         uniform = torch.empty(len(seqs), 1)
         for row, seq in enumerate(seqs):
             gen = self._generator(seq) if seq.params.seed is not None else None
             uniform[row] = torch.rand(1, generator=gen)
         target = uniform.to(dev) * cdf[:, -1:]
-        picked = torch.searchsorted(cdf, target).clamp_(max=cdf.shape[-1] - 1).squeeze(1)
-        if index is not None:
-            picked = index.gather(1, picked.unsqueeze(1)).squeeze(1)
-        return picked
+        # right=True: the first token whose cumulative mass exceeds the target, never a
+        # zero-probability token even for a draw of exactly 0.
+        picked = torch.searchsorted(cdf, target, right=True)
+        return picked.clamp_(max=vocab - 1).squeeze(1)
 
 
-def _mask_sorted(logits: torch.Tensor, top_ks: list[int], top_ps: list[float]) -> torch.Tensor:
-    """Set -inf outside each row's top-k and nucleus; ``logits`` are sorted descending."""
-    dev = logits.device
-    ranks = torch.arange(logits.shape[-1], device=dev).unsqueeze(0)
+def _kept_floor(ranked: torch.Tensor, top_ks: list[int], top_ps: list[float]) -> torch.Tensor:
+    """The lowest kept logit per row of descending ``ranked`` logits under top-k and top-p.
+
+    Every token at or above it is kept, ties at the edge included, so the kept set does
+    not depend on how a sort orders equal logits.
+    """
+    dev = ranked.device
+    ranks = torch.arange(ranked.shape[-1], device=dev).unsqueeze(0)
     drop = ranks >= torch.tensor(top_ks, device=dev).unsqueeze(1)
-    probs = torch.softmax(logits.masked_fill(drop, float("-inf")), dim=-1)
+    probs = torch.softmax(ranked.masked_fill(drop, float("-inf")), dim=-1)
     # Keep a token while the mass before it is below p: the top token always stays.
     mass_before = probs.cumsum(dim=-1) - probs
     drop |= mass_before >= torch.tensor(top_ps, device=dev, dtype=probs.dtype).unsqueeze(1)
-    return logits.masked_fill(drop, float("-inf"))
+    last = (~drop).sum(dim=-1, keepdim=True) - 1
+    return ranked.gather(1, last).squeeze(1)

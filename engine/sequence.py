@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 
 from .errors import InvalidSamplingParams
 
+# Below this temperature sampling is argmax: dividing logits by it would overflow to NaN.
+GREEDY_TEMPERATURE = 1e-5
+# Seeds torch's generators take: any 64-bit value, signed or unsigned.
+SEED_RANGE = range(-(2**63), 2**64)
+
 
 class Priority(enum.IntEnum):
     """Priority class of a request; a lower value is served first."""
@@ -89,15 +94,33 @@ class SamplingParams:
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise InvalidSamplingParams(f"seed must be an integer or None, got {self.seed!r}")
-        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+        if seed is not None and seed not in SEED_RANGE:
+            raise InvalidSamplingParams(
+                f"seed must be a 64-bit integer (between -2**63 and 2**64 - 1), got {seed}"
+            )
+        # None means no stop strings (OpenAI's null); a bare string is refused below, as
+        # iterating it would make each character a stop string.
+        if self.stop is None:
+            object.__setattr__(self, "stop", ())
+        if self.stop_token_ids is None:
+            object.__setattr__(self, "stop_token_ids", ())
+        if (
+            isinstance(self.stop, str)
+            or not isinstance(self.stop, list | tuple)
+            or not all(isinstance(s, str) and s for s in self.stop)
+        ):
             raise InvalidSamplingParams(
                 f"stop must be a sequence of non-empty strings, got {self.stop!r}"
             )
-        if not all(
+        if not isinstance(self.stop_token_ids, list | tuple) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
             raise InvalidSamplingParams(
                 f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}"
+            )
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidSamplingParams(
+                f"ignore_eos must be True or False, got {self.ignore_eos!r}"
             )
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -105,7 +128,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         """Whether sampling reduces to argmax."""
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
 
 @dataclass(slots=True, eq=False)

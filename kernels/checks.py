@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -98,6 +100,23 @@ def check_attention_args(
         )
     tensors = [query, key_cache, value_cache, block_tables, context_lens, query_start_loc]
     _same_device(*tensors, *([out] if out is not None else []))
+
+
+def check_score_args(sliding_window: object, softcap: object) -> None:
+    """A window is a positive integer and a soft-cap a positive finite number, or None."""
+    if sliding_window is not None and (
+        isinstance(sliding_window, bool)
+        or not isinstance(sliding_window, int)
+        or sliding_window < 1
+    ):
+        _fail(f"sliding_window must be a positive integer or None, got {sliding_window!r}")
+    if softcap is not None and (
+        isinstance(softcap, bool)
+        or not isinstance(softcap, int | float)
+        or not math.isfinite(softcap)
+        or softcap <= 0
+    ):
+        _fail(f"softcap must be a positive finite number or None, got {softcap!r}")
 
 
 def _same_device(*tensors: torch.Tensor) -> None:

@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 import torch
 
 from paged_llm.kernels import reference
-from paged_llm.kernels.checks import check_attention_args, check_store_args
+from paged_llm.kernels.checks import check_attention_args, check_score_args, check_store_args
 from paged_llm.kernels.triton_support import triton_import_error
 
 BACKENDS = ("auto", "torch", "triton")
@@ -36,6 +36,8 @@ class AttentionFn(Protocol):
         max_query_len: int,
         max_context_len: int,
         out: torch.Tensor | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attend; see dispatch.paged_attention."""
         ...
@@ -116,11 +118,18 @@ def paged_attention(
     max_context_len: int,
     out: torch.Tensor | None = None,
     backend: str | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal GQA attention of a packed step's queries over their sequences' paged K/V."""
+    """Causal GQA attention of a packed step's queries over their sequences' paged K/V.
+
+    ``sliding_window`` (a layer's window, as transformers passes it) limits each query to
+    keys less than that many positions back; ``softcap`` caps scaled scores through tanh.
+    """
     check_attention_args(
         query, key_cache, value_cache, block_tables, context_lens, query_start_loc, out
     )
+    check_score_args(sliding_window, softcap)
     if resolve_backend(query.device, backend) == "triton":
         _, triton_attention = _triton_modules(query.device)
         run: AttentionFn = triton_attention.paged_attention
@@ -137,6 +146,8 @@ def paged_attention(
         max_query_len=max_query_len,
         max_context_len=max_context_len,
         out=out,
+        sliding_window=sliding_window,
+        softcap=softcap,
     )
 
 

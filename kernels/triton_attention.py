@@ -6,6 +6,10 @@ for the whole GQA group. Programs walk the sequence's KV through the block table
 of TILE_N tokens with an online softmax in fp32. In split mode each program covers only a
 slice of the tiles and writes a normalised partial output plus its log-sum-exp (base 2);
 a second kernel merges the slices.
+
+A sliding window starts each program's walk at the tile holding its first row's earliest
+visible key, so out-of-window blocks are never loaded; soft-capping maps each scaled score
+s to cap * tanh(s / cap) before the softmax.
 """
 
 # Triton types a jitted kernel's parameters itself at launch; Python annotations there would
@@ -38,7 +42,7 @@ def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit(do_not_specialize=["num_seqs", "num_splits"])  # type: ignore[untyped-decorator]
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "window"])  # type: ignore[untyped-decorator]
 def _attention_kernel(
     out_ptr,
     lse_ptr,
@@ -48,7 +52,9 @@ def _attention_kernel(
     block_tables_ptr,
     context_lens_ptr,
     query_start_loc_ptr,
-    scale_log2e,
+    score_scale,
+    cap_log2e,
+    window,
     num_seqs,
     num_splits,
     stride_qt,
@@ -75,6 +81,8 @@ def _attention_kernel(
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Attend one block of a sequence's queries (one KV head's group) over a slice of its KV."""
     q_block = tl.program_id(0)
@@ -105,8 +113,13 @@ def _attention_kernel(
     # Keys after the block's last query position are invisible to all of its rows.
     kv_end = tl.minimum(ctx_len, ctx_len - q_len + (local_block + 1) * BLOCK_Q)
     num_tiles = tl.cdiv(kv_end, TILE_N)
-    tiles_per_split = tl.cdiv(num_tiles, num_splits)
-    tile_lo = split * tiles_per_split
+    first_tile = 0
+    if WINDOWED:
+        # Keys before the block's first query's window are invisible to all of its rows.
+        first_pos = ctx_len - q_len + local_block * BLOCK_Q
+        first_tile = tl.maximum(first_pos - window + 1, 0) // TILE_N
+    tiles_per_split = tl.cdiv(num_tiles - first_tile, num_splits)
+    tile_lo = first_tile + split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -130,8 +143,13 @@ def _attention_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
 
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2e
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * score_scale
+        if SOFTCAP:
+            # tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both ends, where exp saturates.
+            scores = (1.0 - 2.0 / (tl.exp(2.0 * scores) + 1.0)) * cap_log2e
         visible = (kv_idx[None, :] <= q_pos[:, None]) & kv_valid[None, :]
+        if WINDOWED:
+            visible = visible & (kv_idx[None, :] > q_pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         # A row that has seen no visible key yet keeps m = -inf; shift by 0 to avoid inf - inf.
@@ -178,7 +196,7 @@ def _merge_kernel(
     dims = tl.arange(0, HEAD_PAD)
     lse_row = lse_ptr + token * stride_lt + head * stride_lh
     lse = tl.load(lse_row + splits, mask=splits < num_splits, other=float("-inf"))
-    # Split 0 always holds key 0, which every query sees, so the max is finite.
+    # Every query sees its own key, which one split holds, so the max is finite.
     weights = tl.exp2(lse - tl.max(lse, 0))
     used = (weights > 0)[:, None] & (dims < HEAD_DIM)[None, :]
     part_off = token * stride_pt + head * stride_ph + splits[:, None] * stride_ps + dims[None, :]
@@ -203,9 +221,15 @@ def paged_attention(
     max_query_len: int,
     max_context_len: int,
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
     num_kv_splits: int | None = None,
 ) -> torch.Tensor:
-    """Paged attention for a packed step; num_kv_splits forces the split-KV path (None: auto)."""
+    """Paged attention for a packed step; num_kv_splits forces the split-KV path (None: auto).
+
+    ``sliding_window`` keeps keys less than that many positions behind each query;
+    ``softcap`` caps the scaled scores at +-softcap through tanh.
+    """
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     num_seqs = context_lens.shape[0]
@@ -226,11 +250,13 @@ def paged_attention(
     ratio = num_heads // num_kv_heads
     head_pad = max(16, next_power_of_2(head_dim))
     block_m, block_q, tile_n = tile_shape(ratio, max_query_len, head_pad, query.element_size())
+    # A window bounds how many keys any program walks, whatever the context length.
+    span = max_context_len
+    if sliding_window is not None:
+        span = min(span, sliding_window + max_query_len - 1 + tile_n)
     if num_kv_splits is None:
-        num_kv_splits = choose_num_splits(
-            num_seqs, num_kv_heads, max_query_len, max_context_len, query.device
-        )
-    num_kv_splits = max(1, min(num_kv_splits, triton.cdiv(max(max_context_len, 1), tile_n)))
+        num_kv_splits = choose_num_splits(num_seqs, num_kv_heads, max_query_len, span, query.device)
+    num_kv_splits = max(1, min(num_kv_splits, triton.cdiv(max(span, 1), tile_n)))
     split = num_kv_splits > 1
     if split:
         partial = torch.empty(
@@ -258,7 +284,9 @@ def paged_attention(
         block_tables,
         context_lens,
         query_start_loc,
-        scale * math.log2(math.e),
+        scale / softcap if softcap is not None else scale * math.log2(math.e),
+        softcap * math.log2(math.e) if softcap is not None else 1.0,
+        sliding_window if sliding_window is not None else 0,
         num_seqs,
         num_kv_splits,
         query.stride(0),
@@ -280,6 +308,8 @@ def paged_attention(
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         # The interpreter multiplies bf16 tiles as raw uint16 bits; give it fp32 tiles.
         DOT_UPCAST=INTERPRETED and query.dtype == torch.bfloat16,
+        WINDOWED=sliding_window is not None,
+        SOFTCAP=softcap is not None,
         num_warps=4,
         num_stages=2,
     )

@@ -65,7 +65,42 @@ def tiny_config(arch: str = "llama", vocab_size: int = 49152) -> Any:
         return Qwen2Config(tie_word_embeddings=False, use_sliding_window=False, **common)
     if arch == "mistral":
         return MistralConfig(sliding_window=None, **common)
+    if arch == "mistral_window":  # a window shorter than most test prompts, on every layer
+        return MistralConfig(sliding_window=24, **common)
+    if arch == "phi3_window":  # Phi-3-mini publishes a window (2047) on every layer
+        from transformers import Phi3Config
+
+        return Phi3Config(sliding_window=24, tie_word_embeddings=False, **common)
+    if arch == "qwen3":  # q/k norms, explicit head_dim
+        from transformers import Qwen3Config
+
+        return Qwen3Config(head_dim=16, tie_word_embeddings=False, **common)
+    if arch in ("gemma2", "gemma3"):
+        return _gemma_config(arch, common)
     raise ValueError(arch)
+
+
+def _gemma_config(arch: str, common: dict[str, Any]) -> Any:
+    """Gemma 2 (soft-capped) or Gemma 3 text: alternating sliding and full attention layers."""
+    from transformers import Gemma2Config, Gemma3TextConfig
+
+    gemma = {
+        **common,
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 20,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+    }
+    if arch == "gemma2":
+        # A cap low enough that random scores reach it, so a missing soft-cap shows.
+        return Gemma2Config(
+            attn_logit_softcapping=1.5,
+            final_logit_softcapping=30.0,
+            tie_word_embeddings=False,
+            **gemma,
+        )
+    return Gemma3TextConfig(tie_word_embeddings=False, **gemma)
 
 
 def build_tiny_model(folder: Path, arch: str = "llama") -> Path:

@@ -111,6 +111,8 @@ def load_error_key(err: BaseException) -> str:
     names = {cls.__name__ for cls in type(err).__mro__}
     if "KVBudgetError" in names:
         return "kv_budget_too_small"
+    if "UnsupportedModelError" in names:
+        return "unsupported_model"
     if "ModelLoadError" in names:
         return "model_load_failed"
     return "engine_start_failed"

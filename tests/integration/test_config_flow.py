@@ -113,6 +113,18 @@ async def test_unloadable_model_is_a_form_error_naming_the_cause(
     assert await hass.config_entries.async_unload(result["result"].entry_id)
 
 
+async def test_unsupported_architecture_is_a_translated_form_error(
+    hass: HomeAssistant, engine_settings: dict[str, Any], tmp_path: Path
+) -> None:
+    from transformers import BloomConfig
+
+    BloomConfig(n_layer=1, hidden_size=32, n_head=2).save_pretrained(tmp_path)
+    result = await _user_flow(hass, {**engine_settings, CONF_MODEL: str(tmp_path)})
+    assert result["type"] is FlowResultType.FORM
+    assert result["errors"] == {"base": "unsupported_model"}
+    assert "ALiBi" in result["description_placeholders"]["reason"]
+
+
 async def test_missing_gguf_file_is_a_form_error(
     hass: HomeAssistant, engine_settings: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -46,6 +46,7 @@ def test_every_translation_key_in_the_code_has_a_message() -> None:
         "engine_unavailable",
         "kv_budget_too_small",
         "model_load_failed",
+        "unsupported_model",
         "engine_start_failed",
         "rejected",
         "rejected_context_too_long",
@@ -67,6 +68,7 @@ def test_every_flow_error_and_step_is_translated() -> None:
         "engine_unavailable",
         "kv_budget_too_small",
         "model_load_failed",
+        "unsupported_model",
         "engine_start_failed",
     }
     assert errors <= set(config["error"]), errors - set(config["error"])

@@ -136,8 +136,14 @@ class AttentionConfig:
         )
 
 
-def oracle(step: Step) -> torch.Tensor:
-    """Plain per-sequence causal softmax attention in float64, keys gathered token by token."""
+def oracle(
+    step: Step, sliding_window: int | None = None, softcap: float | None = None
+) -> torch.Tensor:
+    """Plain per-sequence causal softmax attention in float64, keys gathered token by token.
+
+    A window keeps keys with query position - key position < window (transformers' rule);
+    a soft-cap maps each scaled score s to softcap * tanh(s / softcap).
+    """
     num_tokens, num_heads, head_dim = step.query.shape
     block_size, num_kv_heads = step.key_cache.shape[1], step.key_cache.shape[2]
     ratio = num_heads // num_kv_heads
@@ -152,11 +158,36 @@ def oracle(step: Step) -> torch.Tensor:
         for i in range(end - start):
             position = ctx_len - (end - start) + i
             q = step.query[start + i].double()  # [heads, dim]
-            k = keys[: position + 1].repeat_interleave(ratio, dim=1)  # [keys, heads, dim]
-            v = values[: position + 1].repeat_interleave(ratio, dim=1)
-            weights = torch.softmax(torch.einsum("khd,hd->hk", k, q) * step.scale, dim=1)
+            low = 0 if sliding_window is None else max(0, position - sliding_window + 1)
+            k = keys[low : position + 1].repeat_interleave(ratio, dim=1)  # [keys, heads, dim]
+            v = values[low : position + 1].repeat_interleave(ratio, dim=1)
+            scores = torch.einsum("khd,hd->hk", k, q) * step.scale
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
+            weights = torch.softmax(scores, dim=1)
             out[start + i] = torch.einsum("hk,khd->hd", weights, v)
     return out
+
+
+def poison_outside_window(step: Step, sliding_window: int) -> int:
+    """Fill with NaN every block wholly before each sequence's first window; return how many.
+
+    Only blocks ending before a 64-aligned position are poisoned: kernels read whole tiles
+    (at most 64 keys, aligned), so the tile holding the first visible key may start earlier.
+    A kernel that reads a poisoned block returns NaN even where it masks the scores.
+    """
+    block_size = step.key_cache.shape[1]
+    starts = step.query_start_loc.tolist()
+    poisoned = 0
+    for seq, ctx_len in enumerate(step.context_lens.tolist()):
+        first_query = ctx_len - (starts[seq + 1] - starts[seq])
+        boundary = max(0, first_query - sliding_window + 1) // 64 * 64
+        for logical in range(boundary // block_size):
+            block = int(step.block_tables[seq, logical])
+            step.key_cache[block] = float("nan")
+            step.value_cache[block] = float("nan")
+            poisoned += 1
+    return poisoned
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -1,0 +1,81 @@
+"""The allow-list of model architectures and attention features the engine runs exactly.
+
+A model the engine has not been tested against is refused when it loads, with an error
+naming what it lacks: the engine would otherwise load it and answer wrongly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import UnsupportedModelError
+
+# model_type -> what it is. Each has a greedy-equality test against transformers generate.
+SUPPORTED_MODEL_TYPES = {
+    "llama": "Llama (SmolLM2 and others)",
+    "mistral": "Mistral (sliding window)",
+    "qwen2": "Qwen2",
+    "qwen3": "Qwen3",
+    "phi3": "Phi-3 (sliding window)",
+    "gemma2": "Gemma 2 (alternating sliding window, attention soft-capping)",
+    "gemma3_text": "Gemma 3 text (alternating sliding window)",
+}
+# Per-layer attention kinds the kernels implement, as transformers names them.
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+# What some well-known architectures need that the engine does not implement, so the
+# refusal can name the feature rather than only the model type.
+_KNOWN_FEATURES = {
+    "bloom": "ALiBi position biases",
+    "mpt": "ALiBi position biases",
+    "falcon": "ALiBi position biases or parallel attention variants",
+    "baichuan": "ALiBi position biases",
+    "t5": "an encoder-decoder architecture",
+    "bart": "an encoder-decoder architecture",
+    "whisper": "an encoder-decoder architecture",
+    "bert": "non-causal (bidirectional) attention",
+    "roberta": "non-causal (bidirectional) attention",
+    "deepseek_v2": "multi-head latent attention (MLA)",
+    "deepseek_v3": "multi-head latent attention (MLA)",
+    "mamba": "state-space layers",
+    "mamba2": "state-space layers",
+    "jamba": "state-space layers",
+    "falcon_h1": "state-space layers",
+    "recurrent_gemma": "recurrent layers",
+    "rwkv": "recurrent layers",
+    "llama4": "chunked attention",
+    "gemma3": "image inputs (multimodal Gemma 3; use a text-only Gemma 3 model)",
+    "mllama": "cross attention",
+}
+
+
+def unsupported_feature(config: Any) -> str | None:
+    """Name what the model needs that the engine does not run exactly; None when all is known."""
+    model_type = str(getattr(config, "model_type", "") or "unknown")
+    if getattr(config, "is_encoder_decoder", False):
+        return "an encoder-decoder architecture"
+    if getattr(config, "add_cross_attention", False):
+        return "cross attention"
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        feature = _KNOWN_FEATURES.get(model_type, "an architecture the engine is not tested on")
+        return f"{feature} (model type {model_type!r})"
+    layer_types = getattr(config, "layer_types", None) or ()
+    for kind in layer_types:
+        if kind not in SUPPORTED_LAYER_TYPES:
+            return f"{kind} layers"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "non-causal (bidirectional) attention"
+    if getattr(config, "alibi", False):
+        return "ALiBi position biases"
+    return None
+
+
+def check_supported(config: Any) -> None:
+    """Raise UnsupportedModelError naming the feature when the engine cannot run the model."""
+    feature = unsupported_feature(config)
+    if feature is not None:
+        supported = ", ".join(sorted(SUPPORTED_MODEL_TYPES))
+        raise UnsupportedModelError(
+            f"the engine does not implement {feature}; supported model types: {supported}",
+            feature,
+        )
