@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from paged_llm.engine.config import SchedulerConfig
 from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
-from paged_llm.engine.kv_cache_manager import KVCacheManager, KVManager
+from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.kv_manager import KVManager
 from paged_llm.engine.scheduler import Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 

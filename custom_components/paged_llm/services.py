@@ -187,6 +187,11 @@ def read_allowed_file(hass: HomeAssistant, path: str) -> str:
     return file.read_text(encoding="utf-8", errors="replace")
 
 
+# Share of the KV pool one summary part may fill at its longest: the parts that run at once
+# (SUMMARY_CHUNK_CONCURRENCY) then stay below the share the engine keeps for voice queries.
+SUMMARY_POOL_SHARE = 0.2
+
+
 class Summarizer:
     """Summarises text of any length: chunks beyond the context are summarised, then merged."""
 
@@ -210,7 +215,11 @@ class Summarizer:
         llm_engine = self.engine.engine
         tokenizer = llm_engine.tokenizer
         overhead = len(llm_engine.tokenize(_prompt(self.engine, self._messages(instruction, "."))))
-        budget = llm_engine.max_model_len - self.params.max_tokens - overhead - 8
+        # A part also holds at most a share of the KV pool, so the parts running at once
+        # leave room for voice queries (see SUMMARY_POOL_SHARE).
+        pool = int(llm_engine.num_kv_blocks * llm_engine.config.block_size * SUMMARY_POOL_SHARE)
+        longest = min(llm_engine.max_model_len, pool)
+        budget = longest - self.params.max_tokens - overhead - 8
         ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) <= budget:
             return [text]
@@ -221,7 +230,7 @@ class Summarizer:
                 translation_key="summary_max_tokens_too_large",
                 translation_placeholders={
                     "max_tokens": str(self.params.max_tokens),
-                    "context": str(llm_engine.max_model_len),
+                    "context": str(longest),
                 },
             )
         return [tokenizer.decode(ids[i : i + budget]) for i in range(0, len(ids), budget)]
