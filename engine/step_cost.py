@@ -21,8 +21,9 @@ DECAY = 0.995
 # Steps to observe before planning by time; until then the token budget alone applies.
 MIN_OBSERVATIONS = 8
 
-# Ridge regularisation: keeps the solve defined while some features never varied yet.
-RIDGE = 1e-3
+# Ridge regularisation, relative to each feature's scale: keeps the solve defined while
+# some features never varied yet.
+RIDGE = 1e-6
 
 NUM_FEATURES = 4
 
@@ -102,9 +103,9 @@ class StepCostModel:
         """Seconds per unit of each feature (constant, token, sequence, attention unit) >= 0."""
         if self._dirty:
             gram = [row[:] for row in self._gram]
-            scale = max(gram[i][i] for i in range(NUM_FEATURES)) * RIDGE or RIDGE
             for i in range(NUM_FEATURES):
-                gram[i][i] += scale
+                # Relative to each feature's own scale, plus a floor for unseen ones.
+                gram[i][i] += RIDGE * gram[i][i] + 1e-9
             # A negative cost would let the planner add work for free: clamp to zero.
             self._coef = [max(0.0, c) for c in _solve(gram, self._rhs)]
             self._dirty = False
