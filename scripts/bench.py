@@ -76,7 +76,8 @@ def main() -> None:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated: sequential,hf-cb,contiguous,batch32,fixed,saturated,summary",
+        help="comma-separated: sequential,hf-cb,contiguous,batch32,fixed,saturated,summary,"
+        "overhead",
     )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
@@ -208,12 +209,16 @@ def main() -> None:
         data["summary"] = timed(
             "summary experiment", summary_experiment, loaded, workload, args, words
         )
-    data["overhead"] = timed(
-        "overhead experiment",
-        overhead_experiment,
-        loaded,
-        args,
-        [1, 8, 32] if mode == "quick" else [1, 8, 32, 128],
+    data["overhead"] = (
+        []
+        if "overhead" in skip
+        else timed(
+            "overhead experiment",
+            overhead_experiment,
+            loaded,
+            args,
+            [1, 8, 32] if mode == "quick" else [1, 8, 32, 128],
+        )
     )
     data["limits"] = machine_limits(loaded)
     # generate_batch alone takes minutes on 2 cores: the quick run leaves it out.
