@@ -78,7 +78,8 @@ class EngineConfig:
     """Everything needed to start an engine.
 
     ``kv_budget`` is the KV pool size: bytes when above 1, else a fraction of the memory
-    free after the weights are loaded.
+    free after the weights are loaded. ``interactive_kv_reserve``, ``step_policy`` and
+    ``interactive_step_seconds`` are the scheduler's (see :class:`SchedulerConfig`).
     """
 
     model: str = DEFAULT_MODEL

@@ -76,7 +76,10 @@ class Scheduler:
     running one may also preempt its equals or itself. Time: under the latency policy,
     while interactive work runs or waits, other classes' prefill chunks are cut to fit
     ``interactive_step_seconds`` as predicted by a :class:`StepCostModel` learned from the
-    time between ``schedule`` and ``update`` of earlier steps.
+    time between ``schedule`` and ``update`` of earlier steps (the first such chunk still
+    gets one block, so other work never starves). Admission looks the prefix up once
+    (``get_computed_blocks``), then ``allocate_slots`` takes it or fails; the first
+    waiting sequence that cannot start ends admissions for the step (no overtaking).
     """
 
     def __init__(

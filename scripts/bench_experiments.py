@@ -22,6 +22,7 @@ from paged_llm.engine.loader import LoadedModel
 from paged_llm.engine.model_runner import kv_bytes_per_block
 from paged_llm.engine.scheduler import Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.utils import cdiv
 
 # Seconds between voice queries while the summary runs.
 VOICE_GAP = 1.0
@@ -127,7 +128,7 @@ def overhead_experiment(
         # so there are steps where all n decode together; and room for all of them.
         prompt, new_tokens = 64, 24 + (n * 64) // config.max_num_batched_tokens + 8
         per_block = kv_bytes_per_block(loaded.model.config, config.block_size, loaded.dtype)
-        blocks = -(-(prompt + new_tokens) // config.block_size)
+        blocks = cdiv(prompt + new_tokens, config.block_size)
         config.kv_budget = max(config.kv_budget, (blocks * n + 8) * per_block)
         engine = LLMEngine(loaded, config)
         for i in range(n):

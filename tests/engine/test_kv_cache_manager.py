@@ -10,6 +10,7 @@ from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManage
 from paged_llm.engine.kv_cache_manager import KVCacheManager
 from paged_llm.engine.kv_manager import KVManager
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.utils import cdiv
 
 
 def make_seq(
@@ -146,7 +147,7 @@ def test_allocate_slots_is_all_or_nothing(requests: list[tuple[int, int, int]]) 
         seq = make_seq(f"r{n}", prefixes[prefix] + [n + 10] * extra)
         computed = kv.get_computed_blocks(seq)
         hits = computed.block_ids
-        need = -(-(computed.num_tokens + new_tokens) // 4) - len(hits)
+        need = cdiv(computed.num_tokens + new_tokens, 4) - len(hits)
         idle = sum(1 for b in hits if kv.pool.ref_count(b) == 0)
         fits = max(0, need) + idle <= kv.num_free_blocks
         before = (kv.num_free_blocks, kv.num_used_blocks, kv.prefix_cache_queries)

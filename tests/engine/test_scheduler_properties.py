@@ -22,6 +22,7 @@ from paged_llm.engine.sequence import (
     Sequence,
     SequenceStatus,
 )
+from paged_llm.engine.utils import cdiv
 
 EOS = 0
 # Shared prefixes over a tiny vocabulary, so prompts (and outputs) repeat and share blocks.
@@ -87,7 +88,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         initial: list[dict[str, Any]],
     ) -> None:
         kv: KVCacheManager | ContiguousKVCacheManager
-        num_blocks = -(-pool_tokens // block_size)
+        num_blocks = cdiv(pool_tokens, block_size)
         if self.contiguous:
             kv = ContiguousKVCacheManager(num_blocks, block_size, max_model_len, reserve)
         else:
