@@ -230,7 +230,7 @@ class Summarizer:
                 translation_key="summary_max_tokens_too_large",
                 translation_placeholders={
                     "max_tokens": str(self.params.max_tokens),
-                    "context": str(longest),
+                    "context": str(llm_engine.max_model_len),
                 },
             )
         return [tokenizer.decode(ids[i : i + budget]) for i in range(0, len(ids), budget)]
