@@ -27,10 +27,11 @@ def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
 class BlockPool:
     """Hands out physical block ids, counts their users and remembers what full ones hold.
 
-    Free blocks sit in an ``OrderedDict`` used as an LRU queue: the front is taken first.
-    A block whose last user leaves keeps its hash, so a later request with the same
-    prefix can take it back; it is evicted (its hash forgotten) only when the front of
-    the queue reaches it and it is handed out for new data.
+    Free blocks sit in two ``OrderedDict`` LRU queues, each taken from the front: kept
+    blocks (cached content an interactive request computed or reused, such as the voice
+    system prompt) are taken only when the other queue is empty. A block whose last user
+    leaves keeps its hash, so a later request with the same prefix can take it back; it
+    is evicted (its hash forgotten) only when it is handed out for new data.
     """
 
     __slots__ = (
@@ -39,7 +40,9 @@ class BlockPool:
         "_enable_caching",
         "_extra_refs",
         "_free",
+        "_free_kept",
         "_hashes",
+        "_keep",
         "_num_blocks",
         "_ref_counts",
     )
@@ -56,6 +59,8 @@ class BlockPool:
         self._hashes: list[BlockHash | None] = [None] * num_blocks
         self._cached: dict[BlockHash, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free_kept: OrderedDict[int, None] = OrderedDict()
+        self._keep = [False] * num_blocks
         self._extra_refs = 0
 
     @property
@@ -76,12 +81,12 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks no sequence holds (cached ones included: they can be reclaimed)."""
-        return len(self._free)
+        return len(self._free) + len(self._free_kept)
 
     @property
     def num_used_blocks(self) -> int:
         """Blocks with at least one user."""
-        return self._num_blocks - len(self._free)
+        return self._num_blocks - self.num_free_blocks
 
     @property
     def num_extra_refs(self) -> int:
@@ -97,6 +102,10 @@ class BlockPool:
         """How many block tables hold this block."""
         return self._ref_counts[block_id]
 
+    def is_kept(self, block_id: int) -> bool:
+        """Whether the block's content is evicted only after every other cached block."""
+        return self._keep[block_id]
+
     def block_hash(self, block_id: int) -> BlockHash | None:
         """Return the registered content hash of a block, if any."""
         return self._hashes[block_id]
@@ -107,30 +116,36 @@ class BlockPool:
 
     def take(self, count: int) -> list[int]:
         """Take ``count`` free blocks for new data, each with one user; evicts their old hashes."""
-        if count > len(self._free):
+        if count > self.num_free_blocks:
             raise RuntimeError(
-                f"block pool exhausted: {count} blocks asked, {len(self._free)} free"
+                f"block pool exhausted: {count} blocks asked, {self.num_free_blocks} free"
             )
         taken: list[int] = []
         for _ in range(count):
-            block_id, _ = self._free.popitem(last=False)
+            queue = self._free or self._free_kept
+            block_id, _ = queue.popitem(last=False)
             old = self._hashes[block_id]
             if old is not None:
                 # The data is about to be overwritten: a lookup must miss from now on.
                 del self._cached[old]
                 self._hashes[block_id] = None
+                self._keep[block_id] = False
             self._ref_counts[block_id] = 1
             taken.append(block_id)
         return taken
 
-    def touch(self, block_ids: Iterable[int]) -> None:
-        """Add one user to each (cached) block, taking it off the free list if it was idle."""
+    def touch(self, block_ids: Iterable[int], keep: bool = False) -> None:
+        """Add one user to each (cached) block, taking it off the free list if it was idle.
+
+        ``keep`` marks the blocks to be evicted last (an interactive request uses them).
+        """
         for block_id in block_ids:
             if self._ref_counts[block_id] == 0:
-                del self._free[block_id]
+                (self._free_kept if self._keep[block_id] else self._free).pop(block_id)
             else:
                 self._extra_refs += 1
             self._ref_counts[block_id] += 1
+            self._keep[block_id] |= keep
 
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one user from each block; blocks left unused join the free list in this order."""
@@ -141,14 +156,19 @@ class BlockPool:
             self._ref_counts[block_id] = count - 1
             if count > 1:
                 self._extra_refs -= 1
+            elif self._keep[block_id]:
+                self._free_kept[block_id] = None
             else:
                 self._free[block_id] = None
                 if self._hashes[block_id] is None:
                     # Nothing reusable in it: hand it out before any cached block.
                     self._free.move_to_end(block_id, last=False)
 
-    def cache(self, block_id: int, block_hash: BlockHash) -> None:
-        """Register a full, computed block's content so later requests can share it."""
+    def cache(self, block_id: int, block_hash: BlockHash, keep: bool = False) -> None:
+        """Register a full, computed block's content so later requests can share it.
+
+        ``keep`` marks it to be evicted after unmarked blocks (interactive content).
+        """
         if not self._enable_caching or self._hashes[block_id] is not None:
             return
         if block_hash in self._cached:
@@ -157,7 +177,8 @@ class BlockPool:
             return
         self._cached[block_hash] = block_id
         self._hashes[block_id] = block_hash
+        self._keep[block_id] = keep
 
     def free_block_ids(self) -> list[int]:
         """List the free blocks in the order they will be taken (tests, diagnostics)."""
-        return list(self._free)
+        return [*self._free, *self._free_kept]

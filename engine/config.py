@@ -18,15 +18,32 @@ class KVLayout(enum.StrEnum):
     CONTIGUOUS = "contiguous"
 
 
+class StepPolicy(enum.StrEnum):
+    """How the scheduler sizes a step."""
+
+    # While interactive work runs or waits, fit other prefill chunks to a time budget.
+    LATENCY = "latency"
+    # Every step takes up to the token budget, whoever runs.
+    FIXED = "fixed"
+
+
 @dataclass(slots=True)
 class SchedulerConfig:
-    """Limits the scheduler enforces every step."""
+    """Limits the scheduler enforces every step.
+
+    ``interactive_kv_reserve`` is the share of the KV pool that only interactive requests
+    may use, so a voice query finds room however much background work holds.
+    ``interactive_step_seconds`` is the step time budget of the latency policy.
+    """
 
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     max_waiting: int = 256
     aging_seconds: float = 10.0
+    interactive_kv_reserve: float = 0.1
+    step_policy: StepPolicy = StepPolicy.LATENCY
+    interactive_step_seconds: float = 0.1
 
     def __post_init__(self) -> None:
         """Reject limits that could never schedule anything."""
@@ -36,6 +53,26 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.aging_seconds <= 0:
             raise ValueError(f"aging_seconds must be > 0, got {self.aging_seconds}")
+        _check_settings(self)
+
+
+def _check_settings(config: SchedulerConfig | EngineConfig) -> None:
+    """Validate the fairness settings both configs carry, naming the setting."""
+    if not 0 <= config.interactive_kv_reserve < 1:
+        raise ValueError(
+            f"interactive_kv_reserve must be in [0, 1), got {config.interactive_kv_reserve}"
+        )
+    if not config.interactive_step_seconds > 0:
+        raise ValueError(
+            f"interactive_step_seconds must be > 0, got {config.interactive_step_seconds}"
+        )
+    try:
+        config.step_policy = StepPolicy(config.step_policy)
+    except ValueError:
+        names = ", ".join(StepPolicy)
+        raise ValueError(
+            f"step_policy must be one of {names}, got {config.step_policy!r}"
+        ) from None
 
 
 @dataclass(slots=True)
@@ -43,7 +80,8 @@ class EngineConfig:
     """Everything needed to start an engine.
 
     ``kv_budget`` is the KV pool size: bytes when above 1, else a fraction of the memory
-    free after the weights are loaded.
+    free after the weights are loaded. ``interactive_kv_reserve``, ``step_policy`` and
+    ``interactive_step_seconds`` are the scheduler's (see :class:`SchedulerConfig`).
     """
 
     model: str = DEFAULT_MODEL
@@ -60,6 +98,9 @@ class EngineConfig:
     attention_backend: str = "auto"
     cache_dir: Path | None = None
     enable_prefix_caching: bool = True
+    interactive_kv_reserve: float = 0.1
+    step_policy: StepPolicy = StepPolicy.LATENCY
+    interactive_step_seconds: float = 0.1
 
     def __post_init__(self) -> None:
         """Reject settings that cannot work, naming the setting."""
@@ -81,6 +122,7 @@ class EngineConfig:
                 f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
             )
         self.kv_layout = KVLayout(self.kv_layout)
+        _check_settings(self)
         if self.cache_dir is not None:
             self.cache_dir = Path(self.cache_dir)
 
@@ -92,4 +134,7 @@ class EngineConfig:
             max_model_len=max_model_len,
             max_waiting=self.max_waiting,
             aging_seconds=self.aging_seconds,
+            interactive_kv_reserve=self.interactive_kv_reserve,
+            step_policy=self.step_policy,
+            interactive_step_seconds=self.interactive_step_seconds,
         )

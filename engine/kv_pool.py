@@ -10,6 +10,7 @@ from .config import EngineConfig
 from .errors import KVBudgetError
 from .loader import LoadedModel
 from .model_runner import kv_bytes_per_block
+from .utils import cdiv
 
 
 def available_memory(device: torch.device) -> int:
@@ -56,7 +57,7 @@ def plan_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
             f"{loaded.max_model_len} tokens"
         )
     if capacity < max_len:
-        need = -(-max_len // config.block_size) * per_block
+        need = cdiv(max_len, config.block_size) * per_block
         raise KVBudgetError(
             f"the KV budget of {_mib(budget)} holds {capacity} tokens "
             f"({num_blocks} blocks of {config.block_size}), less than one sequence of "

@@ -1,4 +1,9 @@
-"""The waiting queue: priority classes, first come first served, aging against starvation."""
+"""The waiting queue: priority classes, first come first served, aging against starvation.
+
+Aging is computed here and only here (:meth:`Ticket.effective_class`): automation and
+background work rises one class per ``aging_seconds`` waited, up to the automation class,
+never to the interactive one, so no aged work is ever served before a voice request.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +24,14 @@ class Ticket:
     since: float
 
     def effective_class(self, now: float, aging_seconds: float) -> int:
-        """Return the class after aging: one better per ``aging_seconds`` waited, down to 0."""
+        """Return the class after aging: one better per ``aging_seconds`` waited.
+
+        Interactive stays interactive; other work rises at most to the automation class.
+        """
+        base = int(self.seq.priority)
+        floor = min(base, int(Priority.AUTOMATION))
         waited = max(0.0, now - self.since)
-        return max(0, int(self.seq.priority) - math.floor(waited / aging_seconds))
+        return max(floor, base - math.floor(waited / aging_seconds))
 
     def rank(self, now: float, aging_seconds: float) -> tuple[int, int]:
         """Sort key: effective class, then order (lower goes first)."""

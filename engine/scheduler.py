@@ -7,11 +7,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .config import SchedulerConfig
+from .config import SchedulerConfig, StepPolicy
 from .errors import RequestRejected
-from .kv_cache_manager import KVManager
+from .kv_manager import NO_HITS, ComputedBlocks, KVManager
 from .request_queue import RequestQueue, Ticket
 from .sequence import FinishReason, Priority, Sequence, SequenceStatus
+from .step_cost import StepCostModel, StepShape
 
 RUNNING = SequenceStatus.RUNNING
 
@@ -50,21 +51,35 @@ class _Step:
 
     now: float
     budget: int
+    # Seconds other classes' prefill chunks must fit in, None when the token budget rules.
+    seconds: float | None
+    shape: StepShape = field(default_factory=StepShape)
     chunks: dict[str, ScheduledChunk] = field(default_factory=dict)
     preempted: list[Sequence] = field(default_factory=list)
     preempted_ids: set[str] = field(default_factory=set)
     # Set when running sequences outgrew the pool: admitting more now would thrash.
     pressure: bool = False
+    # Set once a prefill chunk of a class other than interactive is in the step.
+    other_prefill: bool = False
 
 
 class Scheduler:
-    """Builds each step's batch under a token budget and a sequence limit.
+    """Builds each step's batch under a token budget, a sequence limit and a time budget.
 
-    Preemption victims are chosen by base class (a running background job never
-    outranks a voice request for memory), then the most recently started. Aging only
-    orders the queue and the prefill chunks. A waiting sequence may preempt a running
-    one, for a seat or for blocks, only when its effective class is strictly better than
-    the victim's class; otherwise admissions stop for this step (no overtaking).
+    Each step: every running sequence that decodes gets its token, then running prefills
+    and waiting sequences get prefill chunks in queue order (effective class, then
+    arrival; see :mod:`.request_queue` for aging, which never lifts other work above
+    interactive). Memory: a share of the pool (``interactive_kv_reserve``) is left free
+    for interactive requests. When blocks or seats run out, a victim is preempted
+    (recompute): the running sequence of the lowest base class, most recently started.
+    A waiting sequence may only preempt a sequence of a strictly lower base class; a
+    running one may also preempt its equals or itself. Time: under the latency policy,
+    while interactive work runs or waits, other classes' prefill chunks are cut to fit
+    ``interactive_step_seconds`` as predicted by a :class:`StepCostModel` learned from the
+    time between ``schedule`` and ``update`` of earlier steps (the first such chunk still
+    gets one block, so other work never starves). Admission looks the prefix up once
+    (``get_computed_blocks``), then ``allocate_slots`` takes it or fails; the first
+    waiting sequence that cannot start ends admissions for the step (no overtaking).
     """
 
     def __init__(
@@ -72,18 +87,30 @@ class Scheduler:
         config: SchedulerConfig,
         kv_manager: KVManager,
         clock: Callable[[], float] = time.monotonic,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = config
         self.kv_manager = kv_manager
         self._clock = clock
+        self._timer = timer
         self._waiting = RequestQueue(config.aging_seconds, clock)
         self._running: list[Sequence] = []
         self._seqs: dict[str, Sequence] = {}
         # Place in line of every unfinished sequence; running prefills keep theirs.
         self._tickets: dict[str, Ticket] = {}
+        # Free blocks that automation and background work must leave to interactive work.
+        self._reserve = math.ceil(config.interactive_kv_reserve * kv_manager.num_blocks)
+        self.cost_model = StepCostModel()
+        # The shape and start time of the step between schedule() and update().
+        self._measuring: tuple[StepShape, float] | None = None
         self.num_preemptions = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+
+    @property
+    def interactive_reserve_blocks(self) -> int:
+        """Free blocks that only interactive requests may take."""
+        return self._reserve
 
     @property
     def running(self) -> list[Sequence]:
@@ -131,13 +158,19 @@ class Scheduler:
                 f"{seq.params.max_tokens}) but the model's context is {cfg.max_model_len} tokens",
             )
         kv = self.kv_manager
-        need, have, size = kv.max_blocks(seq), kv.num_blocks, kv.block_size
+        need, size = kv.max_blocks(seq), kv.block_size
+        have = kv.num_blocks - self._keep_free(seq)
         if need > have:
+            share = (
+                ""
+                if have == kv.num_blocks
+                else " its class may use (the rest is kept for interactive requests)"
+            )
             raise RequestRejected(
                 "exceeds_kv_pool",
                 f"request needs {need} KV blocks ({need * size} tokens; prompt "
-                f"{seq.num_prompt_tokens} + max_tokens {seq.params.max_tokens}) but the whole "
-                f"KV pool holds {have} blocks ({have * size} tokens)",
+                f"{seq.num_prompt_tokens} + max_tokens {seq.params.max_tokens}) but the "
+                f"KV pool holds {have} blocks ({have * size} tokens){share}",
             )
         if len(self._waiting) >= cfg.max_waiting:
             raise RequestRejected(
@@ -169,8 +202,8 @@ class Scheduler:
         self._finish_running(seq, reason, now)
 
     def schedule(self) -> SchedulerOutput:
-        """Build the next batch: decodes, then prefill chunks in class-then-arrival order."""
-        step = _Step(self._clock(), self.config.max_num_batched_tokens)
+        """Build the next batch: decodes, then prefill chunks in queue order."""
+        step = _Step(self._clock(), self.config.max_num_batched_tokens, self._step_seconds())
         prefilling: list[Sequence] = []
         for seq in list(self._running):
             if seq.status is not RUNNING:
@@ -178,18 +211,29 @@ class Scheduler:
             left = seq.num_tokens - seq.num_computed_tokens
             if left > 1:
                 prefilling.append(seq)
-            elif left == 1 and step.budget > 0:
-                self._reserve(seq, 1, step)
+            elif left == 1 and step.budget > 0 and self._fit(seq, 1, NO_HITS, step):
+                self._add_chunk(seq, 1, step)
         if step.budget > 0 and (prefilling or self._waiting):
             self._schedule_prefills(prefilling, step)
+        chunks = list(step.chunks.values())
+        if chunks:
+            self._measuring = (step.shape, self._timer())
         return SchedulerOutput(
-            list(step.chunks.values()),
-            step.preempted,
-            self.config.max_num_batched_tokens - step.budget,
+            chunks, step.preempted, self.config.max_num_batched_tokens - step.budget
         )
 
+    def _step_seconds(self) -> float | None:
+        """The time budget for other classes' prefill, or None when the token budget rules."""
+        cfg = self.config
+        if cfg.step_policy is not StepPolicy.LATENCY or not self.cost_model.ready:
+            return None
+        interactive = self._waiting.count(Priority.INTERACTIVE) or any(
+            s.priority is Priority.INTERACTIVE for s in self._running
+        )
+        return cfg.interactive_step_seconds if interactive else None
+
     def _schedule_prefills(self, prefilling: list[Sequence], step: _Step) -> None:
-        """Give the rest of the budget to running prefills and waiting sequences, best first."""
+        """Give the rest of the budget to running prefills and waiting sequences, in order."""
         aging = self.config.aging_seconds
         tickets = [self._tickets[seq.request_id] for seq in prefilling]
         tickets.extend(self._waiting.ordered(step.now))
@@ -202,72 +246,102 @@ class Scheduler:
             if seq.request_id in step.preempted_ids:
                 continue  # never run a sequence in the step that preempted it
             if seq.status is RUNNING:
-                left = seq.num_tokens - seq.num_computed_tokens
-                self._reserve(seq, min(left, step.budget), step)
+                start = seq.num_computed_tokens
+                num_tokens = self._chunk_size(seq, start, seq.num_tokens - start, step)
+                if num_tokens and self._fit(seq, num_tokens, NO_HITS, step):
+                    self._add_chunk(seq, num_tokens, step)
             elif admitting:
-                admitting = self._admit(ticket, ticket.effective_class(step.now, aging), step)
+                admitting = self._admit(seq, step)
 
-    def _victim(self) -> Sequence:
-        """Pick the running sequence to give up: lowest class, then most recently started."""
-        # Reversed so that among equals the later admitted one wins.
-        return max(
-            reversed(self._running),
-            key=lambda s: (s.priority, s.last_started_time or 0.0),
-        )
+    def _chunk_size(self, seq: Sequence, start: int, left: int, step: _Step) -> int:
+        """Tokens of a prefill chunk: the token budget, and for other classes the time one."""
+        num_tokens = min(left, step.budget)
+        if step.seconds is None or seq.priority is Priority.INTERACTIVE:
+            return num_tokens
+        fits = self.cost_model.max_chunk(step.shape, start, step.seconds)
+        block = self.kv_manager.block_size
+        if fits < min(num_tokens, block):
+            # Over the budget already: the first other chunk still gets a block, so other
+            # work progresses even when a step of voice alone exceeds the budget.
+            if step.other_prefill:
+                return 0
+            fits = block
+        step.other_prefill = True
+        return min(num_tokens, fits)
 
-    def _aged_class(self, seq: Sequence, now: float) -> int:
-        """A running sequence's class after aging since its arrival.
-
-        A waiting request may take blocks or a seat only from a sequence whose aged class
-        is worse than its own: otherwise a steady stream of voice queries could preempt
-        the same long summary again and again, and it would be scheduled but never finish.
-        """
-        waited = max(0.0, now - seq.arrival_time)
-        return max(0, int(seq.priority) - math.floor(waited / self.config.aging_seconds))
-
-    def _reserve(self, seq: Sequence, num_tokens: int, step: _Step) -> bool:
-        """Schedule a running sequence, preempting others (or itself) until its blocks fit."""
-        kv = self.kv_manager
-        while not kv.can_allocate(seq, num_tokens):
-            victim = self._victim()
-            self._preempt(victim, step)
-            step.pressure = True
-            if victim is seq:
-                return False
-        kv.allocate(seq, num_tokens)
-        step.chunks[seq.request_id] = ScheduledChunk(seq, seq.num_computed_tokens, num_tokens)
-        step.budget -= num_tokens
-        return True
-
-    def _admit(self, ticket: Ticket, effective_class: int, step: _Step) -> bool:
+    def _admit(self, seq: Sequence, step: _Step) -> bool:
         """Try to start a waiting sequence; False means admit nothing more this step."""
         if step.pressure:
             return False
-        seq = ticket.seq
         if len(self._running) >= self.config.max_num_seqs:
-            victim = self._victim()
-            if self._aged_class(victim, step.now) <= effective_class:
+            victim = self._victim(seq, strictly_lower=True)
+            if victim is None:
                 return False
             self._preempt(victim, step)
-        kv = self.kv_manager
-        num_tokens = min(seq.num_tokens - kv.get_computed_tokens(seq), step.budget)
-        while not kv.can_allocate(seq, num_tokens):
-            if not self._running:
-                return False
-            victim = self._victim()
-            if self._aged_class(victim, step.now) <= effective_class:
-                return False
-            self._preempt(victim, step)
+        # One prefix lookup per admission: the hits are taken or the admission waits.
+        computed = self.kv_manager.get_computed_blocks(seq)
+        start = computed.num_tokens
+        num_tokens = self._chunk_size(seq, start, seq.num_tokens - start, step)
+        if num_tokens == 0 or not self._fit(seq, num_tokens, computed, step):
+            return False
         self._waiting.remove(seq.request_id)
-        kv.allocate(seq, num_tokens)
         seq.status = RUNNING
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = step.now
         seq.last_started_time = step.now
         self._running.append(seq)
-        step.chunks[seq.request_id] = ScheduledChunk(seq, seq.num_computed_tokens, num_tokens)
-        step.budget -= num_tokens
+        self._add_chunk(seq, num_tokens, step)
         return True
+
+    def _keep_free(self, seq: Sequence) -> int:
+        """Free blocks ``seq`` must leave untouched: the interactive reserve, unless it is one."""
+        return 0 if seq.priority is Priority.INTERACTIVE else self._reserve
+
+    def _fit(self, seq: Sequence, num_tokens: int, computed: ComputedBlocks, step: _Step) -> bool:
+        """Allocate slots for ``seq``, preempting victims until they fit; False if they cannot.
+
+        A waiting sequence only preempts strictly lower classes; a running one may preempt
+        its equals and, as the last resort, itself.
+        """
+        waiting = seq.status is not RUNNING
+        kv = self.kv_manager
+        keep_free = self._keep_free(seq)
+        while not kv.allocate_slots(seq, num_tokens, computed, keep_free):
+            victim = self._victim(seq, strictly_lower=waiting)
+            if victim is None:
+                return False
+            self._preempt(victim, step)
+            if not waiting:
+                step.pressure = True
+            if victim is seq:
+                return False
+        return True
+
+    def _victim(self, seq: Sequence, strictly_lower: bool) -> Sequence | None:
+        """The running sequence to give up for ``seq``: lowest class, then latest started.
+
+        Only sequences of a lower base class qualify (or of the same class, ``seq``
+        included, when ``strictly_lower`` is False); None when there is none.
+        """
+        floor = seq.priority + 1 if strictly_lower else seq.priority
+        best: Sequence | None = None
+        for cand in self._running:
+            if cand.priority < floor:
+                continue
+            # Later in the list means admitted later: among equals it wins.
+            if best is None or (cand.priority, cand.last_started_time or 0.0) >= (
+                best.priority,
+                best.last_started_time or 0.0,
+            ):
+                best = cand
+        return best
+
+    def _add_chunk(self, seq: Sequence, num_tokens: int, step: _Step) -> None:
+        """Put ``num_tokens`` of ``seq`` (blocks already allocated) into the step."""
+        start = seq.num_computed_tokens
+        step.chunks[seq.request_id] = ScheduledChunk(seq, start, num_tokens)
+        step.budget -= num_tokens
+        step.shape.add(start, num_tokens)
 
     def _preempt(self, seq: Sequence, step: _Step) -> None:
         """Free a running sequence's blocks and requeue it at the head of its class."""
@@ -282,11 +356,18 @@ class Scheduler:
         chunk = step.chunks.pop(rid, None)
         if chunk is not None:
             step.budget += chunk.num_tokens
+            step.shape.num_tokens -= chunk.num_tokens
+            step.shape.num_seqs -= 1
+            step.shape.attention -= chunk.num_tokens * (chunk.start + chunk.num_tokens)
         step.preempted.append(seq)
         step.preempted_ids.add(rid)
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
         """Account for a finished forward pass; returns the sequences that ended in it."""
+        if self._measuring is not None:
+            shape, started = self._measuring
+            self._measuring = None
+            self.cost_model.observe(shape, self._timer() - started)
         now = self._clock()
         kv = self.kv_manager
         finished: list[Sequence] = []

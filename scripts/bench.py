@@ -14,19 +14,22 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The summary experiment runs the integration's own Summarizer.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_experiments import (
     batch32_experiment,
     capacity_experiment,
     overhead_experiment,
     prefix_experiment,
+    summary_experiment,
 )
 from bench_machine import cpu_name, machine_limits, quiet_check
 from bench_report import report, runs_from_json, write_plots
@@ -60,9 +63,21 @@ def main() -> None:
         help="KV pool in blocks of 16 tokens, the same on every dtype (273: 96 MiB in bfloat16)",
     )
     parser.add_argument("--token-budget", type=int, default=256)
+    parser.add_argument(
+        "--policy", default="latency", choices=["latency", "fixed"], help="the main run's policy"
+    )
+    parser.add_argument(
+        "--step-seconds", type=float, default=0.1, help="the latency policy's step budget"
+    )
+    parser.add_argument(
+        "--summary-words", type=int, default=0, help="summary experiment document (0: 1.5x pool)"
+    )
     parser.add_argument("--max-model-len", type=int, default=3584)
     parser.add_argument(
-        "--skip", default="", help="comma-separated: sequential,hf-cb,contiguous,batch32"
+        "--skip",
+        default="",
+        help="comma-separated: sequential,hf-cb,contiguous,batch32,fixed,saturated,summary,"
+        "overhead",
     )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
@@ -126,6 +141,31 @@ def main() -> None:
             "paged engine (this project)",
         )
     )
+    if "fixed" not in skip:
+        other = "fixed" if args.policy == "latency" else "latency"
+        runs.append(
+            timed(
+                f"paged engine, {other} policy",
+                run_engine,
+                loaded,
+                engine_config(args, KVLayout.PAGED, policy=other),
+                workload,
+                f"paged engine, {other} policy",
+            )
+        )
+    if "saturated" not in skip:
+        # Every request queued at once: what the engine does when arrivals do not limit it.
+        saturated = [replace(r, arrival=0.0) for r in workload]
+        runs.append(
+            timed(
+                "paged engine, saturated",
+                run_engine,
+                loaded,
+                engine_config(args, KVLayout.PAGED),
+                saturated,
+                "paged engine, saturated mix",
+            )
+        )
     if "contiguous" not in skip:
         runs.append(
             timed(
@@ -154,6 +194,8 @@ def main() -> None:
         "model": DEFAULT_MODEL,
         "dtype": args.dtype,
         "kv_blocks": args.kv_blocks,
+        "policy": args.policy,
+        "step_seconds": args.step_seconds,
         "kv_mib": args.kv_bytes / 2**20,
         "workload": described,
         "machine": f"{cpu_name()}, {os.cpu_count()} cores ({platform.machine()})",
@@ -162,12 +204,21 @@ def main() -> None:
     crowd = workload if mode == "full" else build_workload(loaded.tokenizer, "full", args.seed)
     data["capacity"] = timed("capacity experiment", capacity_experiment, loaded, crowd, args)
     data["prefix"] = timed("prefix experiment", prefix_experiment, loaded, workload, args)
-    data["overhead"] = timed(
-        "overhead experiment",
-        overhead_experiment,
-        loaded,
-        args,
-        [1, 8, 32] if mode == "quick" else [1, 8, 32, 128],
+    if "summary" not in skip:
+        words = args.summary_words or int(1.5 * args.kv_blocks * 16)
+        data["summary"] = timed(
+            "summary experiment", summary_experiment, loaded, workload, args, words
+        )
+    data["overhead"] = (
+        []
+        if "overhead" in skip
+        else timed(
+            "overhead experiment",
+            overhead_experiment,
+            loaded,
+            args,
+            [1, 8, 32] if mode == "quick" else [1, 8, 32, 128],
+        )
     )
     data["limits"] = machine_limits(loaded)
     # generate_batch alone takes minutes on 2 cores: the quick run leaves it out.

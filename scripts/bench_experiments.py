@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
+import random
 import statistics
 import time
 from typing import Any
 
-from bench_runners import engine_config
-from home_workload import HomeRequest
+from bench_runners import engine_config, pct
+from home_workload import WORDS, HomeRequest
 
+from paged_llm.engine.async_engine import AsyncEngine
 from paged_llm.engine.config import KVLayout, SchedulerConfig
 from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
 from paged_llm.engine.kv_cache_manager import KVCacheManager
@@ -18,6 +22,10 @@ from paged_llm.engine.loader import LoadedModel
 from paged_llm.engine.model_runner import kv_bytes_per_block
 from paged_llm.engine.scheduler import Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.utils import cdiv
+
+# Seconds between voice queries while the summary runs.
+VOICE_GAP = 1.0
 
 
 def capacity_experiment(
@@ -120,7 +128,7 @@ def overhead_experiment(
         # so there are steps where all n decode together; and room for all of them.
         prompt, new_tokens = 64, 24 + (n * 64) // config.max_num_batched_tokens + 8
         per_block = kv_bytes_per_block(loaded.model.config, config.block_size, loaded.dtype)
-        blocks = -(-(prompt + new_tokens) // config.block_size)
+        blocks = cdiv(prompt + new_tokens, config.block_size)
         config.kv_budget = max(config.kv_budget, (blocks * n + 8) * per_block)
         engine = LLMEngine(loaded, config)
         for i in range(n):
@@ -187,3 +195,90 @@ def batch32_experiment(
         "generate_batch_tokens_per_s": theirs_tokens / theirs,
         "ratio": (produced / ours) / (theirs_tokens / theirs),
     }
+
+
+class _ExecutorHost:
+    """What the integration's Summarizer needs of Home Assistant: an executor for tokenizing."""
+
+    async def async_add_executor_job(self, fn: Any, *args: Any) -> Any:
+        """Run a blocking call off the event loop, as Home Assistant does."""
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+def summary_experiment(
+    loaded: LoadedModel, workload: list[HomeRequest], args: argparse.Namespace, words: int
+) -> dict[str, Any]:
+    """The integration's real summarizer on a document larger than the pool, voice arriving.
+
+    Voice queries (the workload's, system prompt cached) first run alone, then one every
+    ``VOICE_GAP`` seconds while ``paged_llm.summarize``'s Summarizer runs with its own
+    chunking; their time to first token and queue wait are compared.
+    """
+    from custom_components.paged_llm.services import Summarizer
+
+    voice = [r for r in workload if r.priority == "interactive"]
+    config = engine_config(args, KVLayout.PAGED)
+    rng = random.Random(args.seed)
+    document = ". ".join(
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 20))).capitalize()
+        for _ in range(words // 14)
+    )
+
+    async def ask(engine: AsyncEngine, req: HomeRequest) -> tuple[float, float, int]:
+        began = time.monotonic()
+        first = None
+        last = None
+        params = SamplingParams(temperature=0, max_tokens=req.max_tokens, ignore_eos=True)
+        async for out in engine.generate(req.prompt_ids, params, req.priority):
+            first = first or time.monotonic()
+            last = out
+        if first is None or last is None or last.timing is None:
+            raise RuntimeError(f"{req.request_id} ended without output")
+        return first - began, last.timing.queue_time or 0.0, last.timing.num_preemptions
+
+    async def main() -> dict[str, Any]:
+        engine = AsyncEngine(config, loaded=loaded)
+        await engine.start()
+        pool_tokens = engine.engine.num_kv_blocks * config.block_size
+        doc_tokens = len(loaded.tokenizer.encode(document))
+        await ask(engine, voice[0])  # caches the system prompt
+        idle = [await ask(engine, req) for req in voice[1:5]]
+        summarizer = Summarizer(
+            _ExecutorHost(),  # type: ignore[arg-type]
+            engine,
+            SamplingParams(temperature=0, max_tokens=64, ignore_eos=True),
+        )
+        began = time.monotonic()
+        summary = asyncio.ensure_future(summarizer.async_summarize(document))
+        busy = []
+        preemptions = engine.engine.scheduler.num_preemptions
+        for req in itertools.cycle(voice):
+            if summary.done():
+                break
+            await asyncio.sleep(VOICE_GAP)
+            busy.append(await ask(engine, req))
+        await summary
+        took = time.monotonic() - began
+        summary_preemptions = engine.engine.scheduler.num_preemptions - preemptions
+        await engine.stop()
+        idle_p95 = pct([t for t, _, _ in idle], 0.95) or 0.0
+        busy_p95 = pct([t for t, _, _ in busy], 0.95)
+        return {
+            "policy": str(config.step_policy),
+            "pool_tokens": pool_tokens,
+            "document_tokens": doc_tokens,
+            "parts": summarizer.chunks,
+            "requests": summarizer.requests,
+            "summary_s": took,
+            "voice_queries": len(busy),
+            "idle_ttft_p50": pct([t for t, _, _ in idle], 0.5),
+            "idle_ttft_p95": idle_p95,
+            "busy_ttft_p50": pct([t for t, _, _ in busy], 0.5),
+            "busy_ttft_p95": busy_p95,
+            "ratio_p95": busy_p95 / idle_p95 if busy_p95 and idle_p95 else None,
+            "busy_queue_max": max((q for _, q, _ in busy), default=None),
+            "voice_preemptions": sum(p for _, _, p in busy),
+            "preemptions": summary_preemptions,
+        }
+
+    return asyncio.run(main())

@@ -105,6 +105,7 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
             lines.append(
                 f"| {r.name} | {cls} | {span(m, 'ttft')} | {span(m, 'e2e')} | {span(m, 'queue')} |"
             )
+    lines += policy_section(data, runs)
     lines += [
         "",
         "## Concurrent sequences under one KV budget (home mix, all queued at once)",
@@ -187,6 +188,73 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
             for cls, mm in per.items():
                 lines.append(f"| {name} | {cls} | {span(mm, 'ttft')} | {span(mm, 'queue')} |")
     return "\n".join(lines) + "\n"
+
+
+def policy_section(data: dict[str, Any], runs: list[SystemRun]) -> list[str]:
+    """Latency-aware against fixed-budget steps, the saturated mix, and the long summary."""
+    lines: list[str] = []
+    idle = data.get("prefix", {}).get("cached")
+    engines = [r for r in runs if r.name.startswith("paged engine") and "saturated" not in r.name]
+    fixed = next((r for r in engines if "fixed" in r.name), None)
+    if len(engines) > 1 and fixed is not None:
+        lines += [
+            "",
+            "## Step policies side by side (same workload, same run)",
+            "",
+            f"Idle voice time to first token (system prompt cached): {fmt(idle)} s. "
+            f"Latency policy step budget: {data.get('step_seconds', '?')} s.",
+            "",
+            "| system | interactive TTFT p50 / p95 | p95 vs idle | background tokens/s "
+            "| vs fixed | automation tokens/s | preemptions |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        fixed_bg = fixed.class_tokens_per_s("background")
+        for r in engines:
+            m = r.per_class()["interactive"]
+            p95 = m["ttft_p95"]
+            bg = r.class_tokens_per_s("background")
+            lines.append(
+                f"| {r.name} | {span(m, 'ttft')} | "
+                f"{fmt(p95 / idle if p95 is not None and idle else None)}x | {bg:.1f} | "
+                f"{fmt(bg / fixed_bg if fixed_bg else None)}x | "
+                f"{r.class_tokens_per_s('automation'):.1f} | {r.preemptions} |"
+            )
+    saturated = next((r for r in runs if "saturated" in r.name), None)
+    seq = next((r for r in runs if "sequential" in r.name), None)
+    if saturated is not None:
+        rate = seq.service_tokens_per_s if seq is not None else None
+        lines += [
+            "",
+            "## Saturated home mix (every request queued at once)",
+            "",
+            "| system | tokens/s | vs sequential generate | preemptions |",
+            "| --- | ---: | ---: | ---: |",
+            f"| {saturated.name} | {saturated.tokens_per_s:.1f} | "
+            f"{fmt(saturated.tokens_per_s / rate if rate else None)}x | "
+            f"{saturated.preemptions} |",
+            "",
+            "Sequential generate's rate here is its tokens over its summed service times "
+            "(queue left out): one request at a time, as if all were queued at once.",
+        ]
+    if "summary" in data:
+        s = data["summary"]
+        lines += [
+            "",
+            "## Voice while the real summarizer reads a document larger than the pool",
+            "",
+            f"Document {s['document_tokens']} tokens, pool {s['pool_tokens']} tokens: "
+            f"{s['parts']} parts, {s['requests']} requests, {s['summary_s']:.0f} s; "
+            f"{s['voice_queries']} voice queries during it, policy {s['policy']}.",
+            "",
+            "| voice | TTFT p50 | TTFT p95 | p95 vs idle | longest queue wait s "
+            "| voice preempted | preemptions |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            f"| idle | {fmt(s['idle_ttft_p50'])} | {fmt(s['idle_ttft_p95'])} | 1.00x | – | – | – |",
+            f"| during the summary | {fmt(s['busy_ttft_p50'])} | {fmt(s['busy_ttft_p95'])} | "
+            f"{fmt(s['ratio_p95'])}x | {fmt(s['busy_queue_max'], 1, 3)} | "
+            f"{s['voice_preemptions']} | {s['preemptions']} |",
+        ]
+    return lines
 
 
 def runs_from_json(data: dict[str, Any]) -> list[SystemRun]:

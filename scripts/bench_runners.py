@@ -100,6 +100,21 @@ class SystemRun:
         """Generated tokens over the time from first arrival to last completion."""
         return sum(r.tokens for r in self.results) / self.makespan if self.makespan else 0.0
 
+    def class_tokens_per_s(self, cls: str) -> float:
+        """One class's generated tokens over the run's makespan."""
+        tokens = sum(r.tokens for r in self.results if r.priority == cls)
+        return tokens / self.makespan if self.makespan else 0.0
+
+    @property
+    def service_tokens_per_s(self) -> float:
+        """Tokens over the summed service times: a one-at-a-time system's rate, queue left out.
+
+        For sequential generate this is what it would reach with every request queued at
+        once (the saturated mix), since it serves one request at a time either way.
+        """
+        busy = sum(r.e2e - r.queue for r in self.results)
+        return sum(r.tokens for r in self.results) / busy if busy else 0.0
+
     def per_class(self) -> dict[str, dict[str, float | None]]:
         """p50/p95 of TTFT, end-to-end latency and queue wait per class."""
         out: dict[str, dict[str, float | None]] = {}
@@ -116,8 +131,10 @@ class SystemRun:
 # Systems --------------------------------------------------------------------------------------
 
 
-def engine_config(args: argparse.Namespace, layout: KVLayout, prefix: bool = True) -> EngineConfig:
-    """The engine settings every engine run shares; only the layout differs."""
+def engine_config(
+    args: argparse.Namespace, layout: KVLayout, prefix: bool = True, policy: str | None = None
+) -> EngineConfig:
+    """The engine settings every engine run shares; layout, caching and policy may differ."""
     return EngineConfig(
         model=DEFAULT_MODEL,
         device="cpu",
@@ -130,6 +147,8 @@ def engine_config(args: argparse.Namespace, layout: KVLayout, prefix: bool = Tru
         kv_layout=layout,
         enable_prefix_caching=prefix,
         cache_dir=ROOT / ".cache" / "converted",
+        step_policy=policy or args.policy,
+        interactive_step_seconds=args.step_seconds,
     )
 
 

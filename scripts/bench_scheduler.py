@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 from paged_llm.engine.config import SchedulerConfig
 from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
-from paged_llm.engine.kv_cache_manager import KVCacheManager, KVManager
+from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.kv_manager import KVManager
 from paged_llm.engine.scheduler import Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.utils import cdiv
 
 BLOCK = 16
 PROMPT = 128
@@ -46,12 +48,12 @@ class Result:
 
 def build(case: Case, steps: int) -> Scheduler:
     """A scheduler with room for every sequence over the whole run."""
-    per_seq = -(-(PROMPT + steps + 64) // BLOCK)
+    per_seq = cdiv(PROMPT + steps + 64, BLOCK)
     num_blocks = case.decoders * per_seq + (2 * LONG_PROMPT // BLOCK) + 64
     max_len = PROMPT + MAX_TOKENS + LONG_PROMPT
     kv: KVManager
     if case.contiguous:
-        num_blocks = (case.decoders + 2) * -(-(PROMPT + MAX_TOKENS) // BLOCK) + LONG_PROMPT
+        num_blocks = (case.decoders + 2) * cdiv(PROMPT + MAX_TOKENS, BLOCK) + LONG_PROMPT
         kv = ContiguousKVCacheManager(num_blocks, BLOCK, max_len)
     else:
         kv = KVCacheManager(num_blocks, BLOCK)

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Literal, override
+from typing import Any, Literal, override
 
 from homeassistant.components import conversation
 from homeassistant.components.conversation.models import AbstractConversationAgent
 from homeassistant.config_entries import ConfigSubentry
 from homeassistant.const import CONF_LLM_HASS_API, CONF_PROMPT, MATCH_ALL
-from homeassistant.core import HomeAssistant
+from homeassistant.core import Event, HomeAssistant, callback
+from homeassistant.helpers import area_registry as ar
+from homeassistant.helpers import entity_registry as er
+from homeassistant.helpers.debounce import Debouncer
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
-from .const import DOMAIN, PRIORITY_CONVERSATION, SUBENTRY_CONVERSATION
+from .const import DOMAIN, LOGGER, PRIORITY_CONVERSATION, SUBENTRY_CONVERSATION
 from .entity import PagedLLMBaseLLMEntity
 from .runtime import PagedLLMConfigEntry
+from .warmup import async_warm_prefix
+
+# Registry changes come in bursts (an area renamed, entities exposed): warm once after.
+WARMUP_COOLDOWN = 10.0
 
 
 async def async_setup_entry(
@@ -49,9 +56,34 @@ class PagedLLMConversationEntity(
 
     @override
     async def async_added_to_hass(self) -> None:
-        """Register as a conversation agent."""
+        """Register as a conversation agent and warm the prefix cache with its prompt."""
         await super().async_added_to_hass()
         conversation.async_set_agent(self.hass, self.entry, self)
+        self._warmed: str | None = None
+        self._warmer = Debouncer(
+            self.hass,
+            LOGGER,
+            cooldown=WARMUP_COOLDOWN,
+            immediate=True,
+            function=self._async_warm,
+            background=True,
+        )
+        self.async_on_remove(self._warmer.async_shutdown)
+
+        @callback
+        def _prompt_may_change(_event: Event[Any]) -> None:
+            self._warmer.async_schedule_call()
+
+        bus = self.hass.bus
+        self.async_on_remove(bus.async_listen(er.EVENT_ENTITY_REGISTRY_UPDATED, _prompt_may_change))
+        self.async_on_remove(bus.async_listen(ar.EVENT_AREA_REGISTRY_UPDATED, _prompt_may_change))
+        self._warmer.async_schedule_call()
+
+    async def _async_warm(self) -> None:
+        """Prefill the agent's system prompt when it differs from the one warmed last."""
+        self._warmed = await async_warm_prefix(
+            self.hass, self.entry, dict(self.subentry.data), self._warmed
+        )
 
     @override
     async def async_will_remove_from_hass(self) -> None:

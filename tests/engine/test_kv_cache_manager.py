@@ -1,4 +1,4 @@
-"""KV cache managers: block tables, prefix lookups, exact can_allocate, figures, contiguous."""
+"""KV cache managers: block tables, prefix lookups, all-or-nothing allocate_slots, figures."""
 
 from __future__ import annotations
 
@@ -8,16 +8,28 @@ from hypothesis import strategies as st
 
 from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
 from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.kv_manager import KVManager
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.utils import cdiv
 
 
-def make_seq(rid: str, prompt: list[int], max_tokens: int = 8) -> Sequence:
-    return Sequence(rid, prompt, SamplingParams(max_tokens=max_tokens), Priority.INTERACTIVE, 0.0)
+def make_seq(
+    rid: str, prompt: list[int], max_tokens: int = 8, priority: Priority = Priority.INTERACTIVE
+) -> Sequence:
+    return Sequence(rid, prompt, SamplingParams(max_tokens=max_tokens), priority, 0.0)
+
+
+def admit(kv: KVManager, seq: Sequence, num_tokens: int, keep_free: int = 0) -> bool:
+    """Look the prefix up once and allocate, as the scheduler admits a sequence."""
+    return kv.allocate_slots(seq, num_tokens, kv.get_computed_blocks(seq), keep_free)
 
 
 def compute(kv: KVCacheManager, seq: Sequence, num_tokens: int) -> None:
     """Allocate and mark ``num_tokens`` more tokens computed, as a step would."""
-    kv.allocate(seq, num_tokens)
+    if kv.has_blocks(seq):
+        assert kv.allocate_slots(seq, num_tokens)
+    else:
+        assert admit(kv, seq, num_tokens)
     seq.num_computed_tokens += num_tokens
     kv.cache_blocks(seq)
 
@@ -25,16 +37,15 @@ def compute(kv: KVCacheManager, seq: Sequence, num_tokens: int) -> None:
 def test_allocate_grows_the_live_table_block_by_block() -> None:
     kv = KVCacheManager(10, 4)
     seq = make_seq("a", list(range(10)))
-    assert kv.can_allocate(seq, 10)
-    kv.allocate(seq, 10)
+    assert admit(kv, seq, 10)
     table = kv.block_table(seq)
     assert table == [0, 1, 2]
     seq.num_computed_tokens = 10
-    kv.allocate(seq, 1)  # position 10 still fits the third block
+    assert kv.allocate_slots(seq, 1)  # position 10 still fits the third block
     assert kv.block_table(seq) is table
     assert table == [0, 1, 2]
     seq.num_computed_tokens = 12
-    kv.allocate(seq, 1)
+    assert kv.allocate_slots(seq, 1)
     assert table == [0, 1, 2, 3]
     assert (kv.num_used_blocks, kv.num_free_blocks) == (4, 6)
     assert kv.usage == pytest.approx(0.4)
@@ -47,11 +58,13 @@ def test_prefix_lookup_counts_tokens_once_per_admission_and_takes_no_reference()
     a = make_seq("a", list(range(12)))
     compute(kv, a, 12)
     b = make_seq("b", [*range(12), 99, 98])
-    assert kv.get_computed_tokens(b) == 12
-    assert kv.get_computed_tokens(b) == 12  # a retry replaces the first lookup
-    assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (12 + 14, 12)
+    assert kv.get_computed_blocks(b).num_tokens == 12
+    computed = kv.get_computed_blocks(b)  # lookups have no side effects: nothing counted
+    assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (12, 0)
     assert [kv.pool.ref_count(x) for x in kv.block_table(a)] == [1, 1, 1]
-    kv.allocate(b, 2)
+    assert not kv.allocate_slots(b, 2, computed, keep_free=20)  # a failed try counts nothing
+    assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (12, 0)
+    assert kv.allocate_slots(b, 2, computed)
     assert (b.num_computed_tokens, b.num_cached_tokens) == (12, 12)
     assert kv.block_table(b)[:3] == kv.block_table(a)
     assert [kv.pool.ref_count(x) for x in kv.block_table(a)] == [2, 2, 2]
@@ -64,34 +77,33 @@ def test_prefix_lookup_counts_tokens_once_per_admission_and_takes_no_reference()
 def test_full_hit_leaves_the_last_token_to_compute() -> None:
     kv = KVCacheManager(20, 4)
     compute(kv, make_seq("a", list(range(8))), 8)
-    assert kv.get_computed_tokens(make_seq("b", list(range(8)))) == 4
-    assert kv.get_computed_tokens(make_seq("c", list(range(9)))) == 8
+    assert kv.get_computed_blocks(make_seq("b", list(range(8)))).num_tokens == 4
+    assert kv.get_computed_blocks(make_seq("c", list(range(9)))).num_tokens == 8
 
 
 def test_partial_blocks_and_uncomputed_blocks_are_not_cached() -> None:
     kv = KVCacheManager(20, 4)
     a = make_seq("a", list(range(10)))
-    kv.allocate(a, 10)
+    assert admit(kv, a, 10)
     a.num_computed_tokens = 6  # only the first block is full and computed
     kv.cache_blocks(a)
-    assert kv.get_computed_tokens(make_seq("b", list(range(10)))) == 4
+    assert kv.get_computed_blocks(make_seq("b", list(range(10)))).num_tokens == 4
 
 
-def test_can_allocate_counts_idle_cached_hits_as_used_free_blocks() -> None:
+def test_allocate_slots_counts_idle_cached_hits_as_used_free_blocks() -> None:
     kv = KVCacheManager(8, 4)
     a = make_seq("a", list(range(16)))
     compute(kv, a, 16)
     kv.free(a)
     assert kv.num_free_blocks == 8
     b = make_seq("b", [*range(16), *range(100, 116)])
-    # 4 revived cached blocks + 4 fresh ones is exactly the pool ...
-    assert kv.can_allocate(b, 16)
-    # ... one token more needs a ninth block.
-    assert not kv.can_allocate(b, 17)
-    with pytest.raises(RuntimeError, match="cannot allocate"):
-        kv.allocate(b, 17)
-    assert kv.num_free_blocks == 8  # a failed allocate changes nothing
-    kv.allocate(b, 16)
+    computed = kv.get_computed_blocks(b)
+    # One token more than 4 revived cached blocks + 4 fresh ones needs a ninth block ...
+    assert not kv.allocate_slots(b, 17, computed)
+    assert kv.num_free_blocks == 8  # a failed allocation changes nothing
+    assert not kv.has_blocks(b)
+    # ... 16 new tokens fill exactly the pool.
+    assert kv.allocate_slots(b, 16, computed)
     assert b.num_computed_tokens == 16
     assert kv.num_free_blocks == 0
 
@@ -113,7 +125,8 @@ def test_disabled_prefix_caching_never_hits() -> None:
     kv = KVCacheManager(10, 4, enable_prefix_caching=False)
     compute(kv, make_seq("a", list(range(12))), 12)
     b = make_seq("b", list(range(12)))
-    assert kv.get_computed_tokens(b) == 0
+    assert kv.get_computed_blocks(b).num_tokens == 0
+    assert admit(kv, b, 12)
     assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (12 + 12, 0)
 
 
@@ -125,24 +138,26 @@ def test_disabled_prefix_caching_never_hits() -> None:
         max_size=12,
     )
 )
-def test_can_allocate_is_exact(requests: list[tuple[int, int, int]]) -> None:
-    """Whatever is cached and held, allocate succeeds exactly when can_allocate says so."""
+def test_allocate_slots_is_all_or_nothing(requests: list[tuple[int, int, int]]) -> None:
+    """Whatever is cached and held, allocation succeeds exactly when the blocks are free."""
     kv = KVCacheManager(10, 4)
     prefixes = [[], [1] * 8, [1] * 8 + [2] * 8, [3] * 12]
     held: list[Sequence] = []
     for n, (prefix, extra, new_tokens) in enumerate(requests):
         seq = make_seq(f"r{n}", prefixes[prefix] + [n + 10] * extra)
-        ok = kv.can_allocate(seq, new_tokens)
-        before = (kv.num_free_blocks, kv.num_used_blocks)
-        try:
-            kv.allocate(seq, new_tokens)
-        except RuntimeError:
-            assert not ok
-            assert (kv.num_free_blocks, kv.num_used_blocks) == before
+        computed = kv.get_computed_blocks(seq)
+        hits = computed.block_ids
+        need = cdiv(computed.num_tokens + new_tokens, 4) - len(hits)
+        idle = sum(1 for b in hits if kv.pool.ref_count(b) == 0)
+        fits = max(0, need) + idle <= kv.num_free_blocks
+        before = (kv.num_free_blocks, kv.num_used_blocks, kv.prefix_cache_queries)
+        if not kv.allocate_slots(seq, new_tokens, computed):
+            assert not fits
+            assert (kv.num_free_blocks, kv.num_used_blocks, kv.prefix_cache_queries) == before
             if held:
                 kv.free(held.pop(0))
             continue
-        assert ok
+        assert fits
         seq.num_computed_tokens = min(seq.num_tokens, seq.num_computed_tokens + new_tokens)
         kv.cache_blocks(seq)
         held.append(seq)
@@ -157,12 +172,12 @@ def test_contiguous_reserves_the_whole_request_at_once() -> None:
     kv = ContiguousKVCacheManager(20, 4, max_model_len=64)
     seq = make_seq("a", list(range(10)), max_tokens=10)  # 20 tokens: 5 blocks
     assert kv.max_blocks(seq) == 5
-    assert kv.get_computed_tokens(seq) == 0
-    kv.allocate(seq, 10)
+    assert kv.get_computed_blocks(seq).num_tokens == 0
+    assert admit(kv, seq, 10)
     assert kv.block_table(seq) == [0, 1, 2, 3, 4]
     seq.num_computed_tokens = 10
-    assert kv.can_allocate(seq, 10)
-    assert not kv.can_allocate(seq, 11)
+    assert kv.allocate_slots(seq, 10)
+    assert not kv.allocate_slots(seq, 11)
     assert (kv.num_used_blocks, kv.num_allocated_slots, kv.num_live_tokens) == (5, 20, 10)
     assert kv.prefix_cache_queries == 10
     assert kv.prefix_cache_hits == 0
@@ -175,7 +190,7 @@ def test_contiguous_max_model_len_reservation() -> None:
     kv = ContiguousKVCacheManager(40, 4, max_model_len=64, reserve="max_model_len")
     seq = make_seq("a", [1, 2, 3], max_tokens=2)
     assert kv.max_blocks(seq) == 16
-    kv.allocate(seq, 3)
+    assert admit(kv, seq, 3)
     assert kv.num_used_blocks == 16
     assert kv.num_live_tokens == 0
     with pytest.raises(ValueError, match="reserve"):
@@ -186,19 +201,52 @@ def test_contiguous_first_fit_fragments_and_coalesces() -> None:
     kv = ContiguousKVCacheManager(12, 4, max_model_len=64)
     a, b, c = (make_seq(r, [1] * 4, max_tokens=12) for r in "abc")  # 4 blocks each
     for s in (a, b, c):
-        kv.allocate(s, 4)
+        assert admit(kv, s, 4)
     kv.free(a)
     kv.free(c)
     assert kv.free_extents == [(0, 4), (8, 4)]
     big = make_seq("big", [1] * 4, max_tokens=28)  # 8 blocks: 8 free, but in two holes
     assert kv.num_free_blocks == 8
-    assert not kv.can_allocate(big, 4)
-    with pytest.raises(RuntimeError, match="contiguous"):
-        kv.allocate(big, 4)
+    assert not admit(kv, big, 4)
+    assert kv.num_free_blocks == 8
     small = make_seq("small", [1] * 4, max_tokens=4)  # 2 blocks: first fit, the front hole
-    kv.allocate(small, 4)
+    assert not admit(kv, small, 4, keep_free=7)  # would leave 6 of the 7 kept free
+    assert admit(kv, small, 4, keep_free=6)
     assert kv.block_table(small) == [0, 1]
     kv.free(b)
     kv.free(small)
     assert kv.free_extents == [(0, 12)]
-    assert kv.can_allocate(big, 4)
+    assert admit(kv, big, 4)
+
+
+def test_keep_free_leaves_the_interactive_share_untouched() -> None:
+    kv = KVCacheManager(10, 4)
+    bg = make_seq("bg", list(range(100, 124)), priority=Priority.BACKGROUND)  # 6 blocks
+    assert not admit(kv, bg, 24, keep_free=5)
+    assert admit(kv, bg, 20, keep_free=5)  # 5 blocks, 5 left
+    bg.num_computed_tokens = 20
+    assert not kv.allocate_slots(bg, 4, keep_free=5)
+    assert kv.allocate_slots(bg, 4, keep_free=4)
+    assert kv.num_free_blocks == 4
+
+
+def test_blocks_interactive_requests_use_are_evicted_last() -> None:
+    kv = KVCacheManager(8, 4)
+    voice = make_seq("voice", list(range(8)))  # the system prompt: 2 blocks
+    compute(kv, voice, 8)
+    doc = make_seq("doc", list(range(100, 108)), priority=Priority.BACKGROUND)
+    compute(kv, doc, 8)
+    voice_blocks, doc_blocks = list(kv.block_table(voice)), list(kv.block_table(doc))
+    kv.free(voice)  # freed first: plain LRU would evict it first
+    kv.free(doc)
+    assert all(kv.pool.is_kept(b) for b in voice_blocks)
+    assert not any(kv.pool.is_kept(b) for b in doc_blocks)
+    # A new summary needs 6 blocks: the 4 uncached ones and the document's 2 go first.
+    other = make_seq("other", list(range(200, 224)), priority=Priority.BACKGROUND)
+    compute(kv, other, 24)
+    assert kv.get_computed_blocks(make_seq("v2", [*range(8), 5])).num_tokens == 8
+    assert kv.get_computed_blocks(make_seq("d2", [*range(100, 108), 5])).num_tokens == 0
+    # Only when nothing else is left do the voice blocks go.
+    kv.free(other)
+    compute(kv, make_seq("big", list(range(300, 332)), priority=Priority.BACKGROUND), 32)
+    assert kv.get_computed_blocks(make_seq("v3", [*range(8), 5])).num_tokens == 0

@@ -42,24 +42,23 @@ def test_class_first_then_arrival() -> None:
     assert queue.count(Priority.INTERACTIVE) == 1
 
 
-def test_aging_raises_a_waiting_request_one_class_per_period() -> None:
+def test_aging_raises_a_waiting_request_one_class_per_period_never_above_interactive() -> None:
     clock = FakeClock()
     queue = RequestQueue(aging_seconds=5.0, clock=clock)
     queue.push(make_seq("g", Priority.BACKGROUND))
     clock.now = 4.9
     queue.push(make_seq("i", Priority.INTERACTIVE))
+    queue.push(make_seq("a", Priority.AUTOMATION))
     ticket = queue.ticket("g")
     assert ticket is not None
     assert queue.effective_class(ticket) == 2
-    assert order(queue) == ["i", "g"]
+    assert order(queue) == ["i", "a", "g"]
     clock.now = 5.0
     assert queue.effective_class(ticket) == 1
-    assert order(queue) == ["i", "g"]
-    clock.now = 10.0
-    assert queue.effective_class(ticket) == 0
-    assert order(queue) == ["g", "i"]  # same class now, and g came first
+    assert order(queue) == ["i", "g", "a"]  # same class as a now, and g came first
     clock.now = 100.0
-    assert queue.effective_class(ticket) == 0  # never below the top class
+    assert queue.effective_class(ticket) == 1  # never up to the interactive class
+    assert order(queue) == ["i", "g", "a"]
     assert queue.count(Priority.BACKGROUND) == 1  # counts stay by base class
 
 

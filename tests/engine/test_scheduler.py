@@ -54,6 +54,7 @@ def make_sched(
     prefix: bool = True,
     **cfg: int | float,
 ) -> Scheduler:
+    cfg.setdefault("interactive_kv_reserve", 0.0)  # tests of the reserve set it themselves
     config = SchedulerConfig(**cfg)  # type: ignore[arg-type]
     return Scheduler(config, KVCacheManager(num_blocks, block_size, prefix), clock or FakeClock())
 
@@ -145,7 +146,7 @@ def test_hit_on_an_evicted_block_is_a_miss_and_the_tail_goes_first() -> None:
     assert kv.pool.get_cached(hashes_a[0]) == table_a[0]
     assert all(kv.pool.get_cached(h) is None for h in hashes_a[1:])
     d = make_seq("d", list(prompt_a), max_tokens=2)
-    assert kv.get_computed_tokens(d) == 4
+    assert kv.get_computed_blocks(d).num_tokens == 4
     sched.add(d)
     out, _ = step(sched)
     assert [(c.start, c.num_tokens) for c in out.chunks] == [(4, 12)]
@@ -154,7 +155,7 @@ def test_hit_on_an_evicted_block_is_a_miss_and_the_tail_goes_first() -> None:
     run_to_end(sched)
     sched.add(make_seq("e", 39, max_tokens=1))
     run_to_end(sched)
-    assert kv.get_computed_tokens(make_seq("f", list(prompt_a))) == 0
+    assert kv.get_computed_blocks(make_seq("f", list(prompt_a))).num_tokens == 0
 
 
 # --- preemption -------------------------------------------------------------------
@@ -281,7 +282,7 @@ def test_interactive_arrival_runs_in_the_next_step_before_background_prefill() -
     assert ids(out) == ["i", "g1"]  # i decodes first, g1 gets the rest
 
 
-def test_background_is_scheduled_within_the_aging_bound_under_endless_interactive_load() -> None:
+def test_background_is_scheduled_within_the_aging_bound_under_endless_automation_load() -> None:
     clock = FakeClock()
     aging = 2.0
     sched = make_sched(clock=clock, max_num_batched_tokens=32, aging_seconds=aging)
@@ -289,15 +290,28 @@ def test_background_is_scheduled_within_the_aging_bound_under_endless_interactiv
     sched.add(bg)
     scheduled_at = None
     for n in range(40):
-        sched.add(make_seq(f"i{n}", 32, 1, INT))  # fills the whole budget every step
+        sched.add(make_seq(f"a{n}", 32, 1, AUT))  # fills the whole budget every step
         out, _ = step(sched)
         if any(c.seq is bg for c in out.chunks):
             scheduled_at = clock.now
             break
-        assert ids(out) == [f"i{n}"]
+        assert ids(out) == [f"a{n}"]
         clock.now += 0.5
-    # Background reaches class 0 after 2 * aging seconds, then wins on arrival order.
-    assert scheduled_at == 2 * aging
+    # Background reaches the automation class after one aging period, then wins on arrival.
+    assert scheduled_at == aging
+
+
+def test_aged_work_never_goes_before_an_interactive_request() -> None:
+    clock = FakeClock()
+    sched = make_sched(clock=clock, max_num_batched_tokens=32, max_num_seqs=1, aging_seconds=1.0)
+    sched.add(make_seq("bg", 32, 1, BG))
+    sched.add(make_seq("a", 32, 1, AUT))
+    clock.now = 100.0  # both aged far past every class boundary
+    sched.add(make_seq("i", 32, 1, INT))
+    out, _ = step(sched)
+    assert ids(out) == ["i"]
+    out, _ = step(sched)
+    assert ids(out) == ["bg"]  # aged to automation, and it came before a
 
 
 # --- chunked prefill --------------------------------------------------------------

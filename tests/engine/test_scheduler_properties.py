@@ -22,6 +22,7 @@ from paged_llm.engine.sequence import (
     Sequence,
     SequenceStatus,
 )
+from paged_llm.engine.utils import cdiv
 
 EOS = 0
 # Shared prefixes over a tiny vocabulary, so prompts (and outputs) repeat and share blocks.
@@ -69,6 +70,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_model_len=st.integers(12, 64),
         caching=st.booleans(),
         reserve=st.sampled_from(["request", "max_model_len"]),
+        interactive_share=st.sampled_from([0.0, 0.1, 0.5]),
+        policy=st.sampled_from(["latency", "fixed"]),
         initial=st.lists(REQUEST, max_size=8),
     )
     def setup(
@@ -80,10 +83,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_model_len: int,
         caching: bool,
         reserve: str,
+        interactive_share: float,
+        policy: str,
         initial: list[dict[str, Any]],
     ) -> None:
         kv: KVCacheManager | ContiguousKVCacheManager
-        num_blocks = -(-pool_tokens // block_size)
+        num_blocks = cdiv(pool_tokens, block_size)
         if self.contiguous:
             kv = ContiguousKVCacheManager(num_blocks, block_size, max_model_len, reserve)
         else:
@@ -94,9 +99,19 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_model_len=max_model_len,
             max_waiting=6,
             aging_seconds=1.0,
+            interactive_kv_reserve=interactive_share,
+            step_policy=policy,  # type: ignore[arg-type]
+            interactive_step_seconds=0.05,
         )
         self.kv = kv
-        self.sched = Scheduler(config, kv, self.clock)
+        # Every step "takes" 0.01 s per token fed, so the latency policy's plan is
+        # deterministic: it must cut chunks yet never break an invariant.
+        self.fed = 0
+
+        def timer() -> float:
+            return self.fed * 0.01
+
+        self.sched = Scheduler(config, kv, self.clock, timer)
         for request in initial:
             self.add(**request)
 
@@ -125,7 +140,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         cfg = self.sched.config
         if seq.max_total_tokens > cfg.max_model_len:
             expected = "context_too_long"
-        elif self.kv.max_blocks(seq) > self.kv.num_blocks:
+        elif self.kv.max_blocks(seq) > self.kv.num_blocks - (
+            0 if priority is Priority.INTERACTIVE else self.sched.interactive_reserve_blocks
+        ):
             expected = "exceeds_kv_pool"
         elif self.sched.num_waiting >= cfg.max_waiting:
             expected = "queue_full"
@@ -169,6 +186,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(token=st.integers(0, 6), drop=st.booleans())
     def step(self, token: int, drop: bool = False) -> None:
         out = self.sched.schedule()
+        self.fed += out.num_batched_tokens
         self.feed(out)
         sampled = {c.seq.request_id: (token + i) % 7 for i, c in enumerate(out.chunks) if c.samples}
         if drop and sampled:  # a token the runner did not return is asked for again

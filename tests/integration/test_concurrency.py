@@ -109,7 +109,7 @@ async def test_mixed_load_completes_in_priority_order(
 
     summary, *answers = results
     assert summary["summary"]
-    assert summary["chunks"] == 1
+    assert summary["chunks"] >= 2  # a part holds at most a fifth of the 8,192-token pool
     assert summary["prompt_tokens"] > 2500
     for result in answers[:6]:
         assert result.response.response_type is intent.IntentResponseType.ACTION_DONE

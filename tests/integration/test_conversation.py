@@ -115,8 +115,9 @@ async def test_second_turn_sees_the_first(
     assert prompts[1][1]["content"] == "My name is Ada."
     assert prompts[1][2]["content"] == first_answer
     assert prompts[1][3]["content"] == "What is my name?"
-    # The second request reuses the first one's KV blocks for the shared prefix.
-    assert cached[0] == 0
+    # The first turn finds the system prompt the agent warmed at start; the second reuses
+    # the shared prefix too (up to the time line of the prompt, which changes each second).
+    assert cached[0] >= 16
     assert cached[1] >= 16
 
 

@@ -22,9 +22,10 @@ EXPECTED = {
     "running_requests": ("requests", "0"),
     "waiting_requests": ("requests", "0"),
     "preemptions": ("preemptions", "0"),
-    "queue_wait_p95": ("s", "unknown"),
-    "time_to_first_token_p95": ("s", "unknown"),
-    "generation_throughput": ("tokens/s", "0.0"),
+    # The conversation agent's prompt-warming request has run: a number, whatever it is.
+    "queue_wait_p95": ("s", None),
+    "time_to_first_token_p95": ("s", None),
+    "generation_throughput": ("tokens/s", None),
     "prefix_cache_hit_rate": ("%", "0.0"),
 }
 
@@ -54,7 +55,10 @@ async def test_sensors_are_diagnostic_entities_of_one_service_device(
         state = hass.states.get(entry.entity_id)
         assert state is not None
         assert state.attributes.get("unit_of_measurement") == unit, key
-        assert state.state == idle, key
+        if idle is None:
+            assert float(state.state) >= 0, key
+        else:
+            assert state.state == idle, key
     # The agents' devices hang off the engine's device.
     agents = [
         device_registry.async_get(e.device_id)

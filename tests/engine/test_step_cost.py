@@ -1,0 +1,128 @@
+"""Latency-aware steps: the cost model learns step times online; chunks fit the time budget."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from paged_llm.engine.config import SchedulerConfig
+from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.scheduler import Scheduler
+from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.step_cost import ATTENTION_UNIT, StepCostModel, StepShape
+
+# The "true" cost of a step: 5 ms, 0.2 ms a token, 0.5 ms a sequence, attention work.
+TRUE = (0.005, 0.0002, 0.0005, 0.001)
+
+
+def true_cost(shape: StepShape) -> float:
+    base, tok, seq, att = TRUE
+    return (
+        base
+        + tok * shape.num_tokens
+        + seq * shape.num_seqs
+        + att * shape.attention / ATTENTION_UNIT
+    )
+
+
+def test_the_model_learns_step_times_from_measured_steps() -> None:
+    model = StepCostModel()
+    rng = random.Random(0)
+    assert not model.ready
+    for _ in range(300):
+        shape = StepShape()
+        for _ in range(rng.randint(1, 20)):
+            shape.add(rng.randint(0, 2000), rng.choice([1, 1, 1, rng.randint(2, 256)]))
+        model.observe(shape, true_cost(shape))
+    assert model.ready
+    assert model.coefficients == pytest.approx(TRUE, rel=0.05)
+    probe = StepShape()
+    probe.add(100, 200)
+    probe.add(500, 1)
+    assert model.predict(probe) == pytest.approx(true_cost(probe), rel=0.02)
+    # The largest chunk that keeps the step within 100 ms: one token more breaks it.
+    n = model.max_chunk(probe, 1000, 0.100)
+    assert n > 0
+
+    def with_chunk(size: int) -> StepShape:
+        shape = StepShape(probe.num_tokens, probe.num_seqs, probe.attention)
+        shape.add(1000, size)
+        return shape
+
+    assert model.predict(with_chunk(n)) <= 0.100 < model.predict(with_chunk(n + 1))
+    assert model.max_chunk(probe, 0, 0.001) == 0  # already over the budget
+
+
+def test_bad_measurements_are_ignored() -> None:
+    model = StepCostModel()
+    model.observe(StepShape(10, 1, 100), float("nan"))
+    model.observe(StepShape(10, 1, 100), -1.0)
+    model.observe(StepShape(), 1.0)  # an empty step says nothing
+    assert model.num_observations == 0
+
+
+class StepTimer:
+    """A step timer: each step "takes" the true cost of what the scheduler fed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(policy: str) -> tuple[Scheduler, StepTimer]:
+    config = SchedulerConfig(
+        max_num_seqs=16,
+        max_num_batched_tokens=512,
+        max_model_len=8192,
+        interactive_kv_reserve=0.1,
+        step_policy=policy,  # type: ignore[arg-type]
+        interactive_step_seconds=0.05,
+    )
+    timer = StepTimer()
+    return Scheduler(config, KVCacheManager(1024, 16), clock=lambda: 0.0, timer=timer), timer
+
+
+def run_step(sched: Scheduler, timer: StepTimer) -> tuple[list[tuple[str, int]], float]:
+    out = sched.schedule()
+    shape = StepShape()
+    for c in out.chunks:
+        shape.add(c.start, c.num_tokens)
+    cost = true_cost(shape)
+    timer.now += cost
+    sched.update(out, {c.seq.request_id: 7 for c in out.chunks if c.samples})
+    return [(c.seq.request_id, c.num_tokens) for c in out.chunks], cost
+
+
+def seq(rid: str, n: int, prio: Priority, max_tokens: int) -> Sequence:
+    base = 100 * sum(map(ord, rid))
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return Sequence(rid, list(range(base, base + n)), params, prio, 0.0)
+
+
+@pytest.mark.parametrize("policy", ["latency", "fixed"])
+def test_background_prefill_fits_the_time_budget_only_while_voice_runs(policy: str) -> None:
+    sched, timer = make(policy)
+    sched.add(seq("doc", 8000, Priority.BACKGROUND, 4))
+    full = []
+    for _ in range(5):  # no interactive work: the whole token budget, learning meanwhile
+        chunks, _ = run_step(sched, timer)
+        full.append(chunks)
+    assert all(chunks == [("doc", 512)] for chunks in full)
+    sched.add(seq("voice", 40, Priority.INTERACTIVE, 30))
+    costs, doc_chunks = [], []
+    while sched.get("voice") is not None:
+        chunks, cost = run_step(sched, timer)
+        costs.append(cost)
+        doc_chunks += [n for rid, n in chunks if rid == "doc"]
+    if policy == "fixed":
+        assert max(costs) > 0.05  # steps with voice in them carry a full prefill
+    else:
+        # Every step with voice fits the budget (the model learned it within the first
+        # steps), and the summary still moved on in each.
+        assert max(costs[3:]) <= 0.05 * 1.02
+        assert all(0 < n < 512 for n in doc_chunks)
+        chunks, _ = run_step(sched, timer)  # voice done: the full token budget again
+        assert chunks == [("doc", 512)]
