@@ -137,3 +137,26 @@ async def test_sigterm_lets_a_running_stream_finish(small_server: ServerProcess)
     log = small_server.log_text()
     assert "stopping" in log
     assert "stopped" in log
+
+
+async def test_health_is_503_while_loading_and_after_a_failed_load(tmp_path: Path) -> None:
+    missing = tmp_path / "no-model-here"
+    proc = start_server(missing, tmp_path / "server.log", ready=False)
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(600):
+                async with session.get(f"{proc.url}/health") as response:
+                    assert response.status == 503
+                    state = (await response.json())["status"]
+                if state == "failed":
+                    break
+                assert state == "loading"
+                await asyncio.sleep(0.2)
+            async with session.get(f"{proc.url}/health") as response:
+                detail = (await response.json())["detail"]
+            assert "does not exist" in detail
+            status, payload, _ = await _post(session, proc, {"messages": HELLO})
+            assert status == 503
+            assert _error(payload)["code"] == "model_not_ready"
+    finally:
+        assert proc.stop() == 0
