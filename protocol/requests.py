@@ -42,6 +42,7 @@ class GenerationRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    ignore_eos: bool = False
 
 
 @dataclass(slots=True)
@@ -163,6 +164,10 @@ def _common(body: dict[str, Any], request: GenerationRequest) -> None:
     request.presence_penalty = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
     request.frequency_penalty = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
     request.repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.01, 10.0)
+    ignore_eos = body.get("ignore_eos", False)  # vLLM's extension, for benchmarks
+    if not isinstance(ignore_eos, bool):
+        raise bad_field("ignore_eos", f"must be true or false, got {ignore_eos!r}")
+    request.ignore_eos = ignore_eos
 
 
 def _content(value: Any, where: str) -> str:

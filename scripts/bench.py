@@ -42,6 +42,7 @@ from bench_runners import (
     run_hf_continuous,
     run_sequential,
 )
+from bench_server import server_experiment, server_report
 from home_workload import MODES, build_workload
 
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig, KVLayout
@@ -80,6 +81,11 @@ def main() -> None:
         "overhead",
     )
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--server",
+        action="store_true",
+        help="only compare paged-llm serve over HTTP with the in-process engine",
+    )
     parser.add_argument(
         "--report-only", action="store_true", help="rewrite report.md from results.json"
     )
@@ -122,6 +128,12 @@ def main() -> None:
         + f"; prompts {min(lengths)}–{max(lengths)} tokens"
     )
     print(f"bench: {described}", flush=True)
+    if args.server:
+        result = server_experiment(loaded, workload, args, out)
+        result.update(workload=described, dtype=args.dtype, quiet_after=quiet_check())
+        (out / "server.json").write_text(json.dumps(result, indent=1, default=str))
+        print(server_report(result))
+        return
     runs: list[SystemRun] = []
 
     def timed(label: str, fn: Any, *a: Any) -> Any:

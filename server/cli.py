@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import os
 import re
@@ -12,14 +13,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from paged_llm.protocol.defaults import DEFAULT_MODEL
 from paged_llm.protocol.priority import PRIORITY_NAMES
+from paged_llm.protocol.requirements import EngineExtraMissing, require_engine_extra
 
 from .settings import API_KEY_ENV, DEFAULT_BODY_LIMIT, DEFAULT_HOST, DEFAULT_PORT, ServerSettings
 
 if TYPE_CHECKING:
     from paged_llm.engine.config import EngineConfig
 
-DEFAULT_MODEL = "bundled:SmolLM2-135M-Instruct"  # the engine's default, without importing it
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
 
@@ -149,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        # Looked up, not imported: torch takes seconds, and serve opens its socket first.
+        require_engine_extra("paged-llm", ("transformers", "gguf", "accelerate"))
+        if importlib.util.find_spec("torch") is None:
+            raise EngineExtraMissing("paged-llm needs PyTorch; pip install 'paged-llm[engine]'")
         config = engine_config(args)
         if args.command == "serve":
             from .serve import serve
@@ -169,6 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "chat":
             return asyncio.run(terminal.chat(config, args))
         return asyncio.run(terminal.generate(config, args))
+    except EngineExtraMissing as err:
+        print(f"paged-llm: {err}", file=sys.stderr)
+        return 1
     except ValueError as err:
         print(f"paged-llm: {err}", file=sys.stderr)
         return 2

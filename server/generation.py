@@ -52,12 +52,12 @@ def _params_fields() -> set[str]:
 def _structured_fields(request: ChatRequest, fields: set[str]) -> dict[str, Any]:
     """Pass ``response_format`` to the engine's constrained decoding, or refuse clearly."""
     fmt = request.response_format
+    if fmt.type == "json_object" and "json_object" in fields:
+        return {"json_object": True}
+    if fmt.type == "json_schema" and "json_schema" in fields:
+        return {"json_schema": fmt.schema}
     if fmt.type == "text":
         return {}
-    if "json_schema" in fields:
-        # ``{}`` means any JSON object, the json_object contract.
-        schema = fmt.schema if fmt.type == "json_schema" else {"type": "object"}
-        return {"json_schema": schema}
     raise ApiError(
         400,
         f"response_format {fmt.type} is not supported yet: this engine has no constrained decoding",
@@ -107,6 +107,7 @@ def sampling_params(
             max_tokens=max_tokens,
             seed=request.seed,
             stop=request.stop,
+            ignore_eos=request.ignore_eos,
             **extra,
         )
     except InvalidSamplingParams as err:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import importlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -40,11 +42,13 @@ class EngineHost:
 
     async def start(self) -> None:
         """Load the model and start stepping; on failure the state says so (no raise)."""
-        from paged_llm.engine.async_engine import AsyncEngine  # torch loads here, not at import
-
         started = time.monotonic()
-        engine = AsyncEngine(self.config)
         try:
+            # Importing torch takes seconds: in a thread, so /health answers meanwhile.
+            module = await asyncio.get_running_loop().run_in_executor(
+                None, importlib.import_module, "paged_llm.engine.async_engine"
+            )
+            engine: AsyncEngine = module.AsyncEngine(self.config)
             await engine.start()
         except Exception as err:
             _LOGGER.exception("Could not start the engine for %s", self.config.model)

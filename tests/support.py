@@ -113,6 +113,11 @@ def build_tiny_model(folder: Path, arch: str = "llama") -> Path:
     tok = AutoTokenizer.from_pretrained(tokenizer_dir())
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tok)))
+    return save_model_folder(folder, model, tok)
+
+
+def save_model_folder(folder: Path, model: Any, tok: Any) -> Path:
+    """Save a model and its tokenizer into ``folder`` atomically (parallel runs may race)."""
     tmp = folder.with_name(folder.name + f".partial-{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)

@@ -1,0 +1,33 @@
+"""Fixtures for the server tests: a real ``paged-llm serve`` process over a tiny model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server_process import MODEL, ServerProcess, start_server
+from support import CACHE, TINY_VERSION
+
+
+@pytest.fixture(scope="module")
+def server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A server over the tiny random Llama, with an API key; stopped with SIGTERM at the end."""
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    proc = start_server(tiny_model_dir, log, "--served-model-name", MODEL)
+    yield proc
+    assert proc.stop() == 0, proc.log_text()
+
+
+@pytest.fixture(scope="session")
+def scripted_dir() -> Path:
+    """Where scripted models are kept between runs."""
+    return CACHE / f"scripted-{TINY_VERSION}"
+
+
+@pytest.fixture(autouse=True)
+def _allow_sockets(socket_enabled: None) -> None:
+    """These tests talk to a real server over loopback TCP."""

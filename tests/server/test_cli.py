@@ -1,0 +1,60 @@
+"""The ``paged-llm`` command's chat and generate, run for real over a scripted tiny model."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripted_model import build_scripted_model
+
+ANSWER = "The answer is 42. Done now!"
+COMMAND = Path(sys.executable).parent / "paged-llm"
+ENGINE = ("--device", "cpu", "--dtype", "float32", "--kv-budget", "8MiB")
+
+
+@pytest.fixture(scope="module")
+def model(scripted_dir: Path) -> Path:
+    return build_scripted_model(scripted_dir / "answer-42", ANSWER)
+
+
+def _run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(COMMAND), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home())},
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_chat_streams_one_answer(model: Path) -> None:
+    result = _run("chat", "What is the answer?", "--model", str(model), *ENGINE)
+    assert result.stdout == ANSWER + "\n"
+    assert "loaded" in result.stderr
+
+
+def test_chat_without_a_prompt_holds_a_conversation(model: Path) -> None:
+    result = _run(
+        "chat", "--model", str(model), *ENGINE, "--system", "Be brief.", stdin="hi\nagain\n/exit\n"
+    )
+    assert result.stdout == f"{ANSWER}\n{ANSWER}\n"
+
+
+def test_generate_runs_prompts_at_once_and_prints_metrics(model: Path) -> None:
+    result = _run("generate", "--concurrency", "6", "--model", str(model), *ENGINE)
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if line.startswith("[")] == [f"[{i}] {ANSWER}" for i in range(6)]
+    summary = "\n".join(lines)
+    tokens = 10  # the script's tokens in the SmolLM2 tokenizer
+    assert re.search(r"6 requests in [0-9.]+ s: (\d+) tokens generated", summary)
+    generated = int(re.search(r"(\d+) tokens generated", summary).group(1))  # type: ignore[union-attr]
+    assert generated == 6 * (tokens + 1)  # each answer ends with its end-of-sequence token
+    assert "time to first token p50" in summary
+    assert "6/6 done" in result.stderr

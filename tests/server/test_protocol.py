@@ -1,0 +1,148 @@
+"""The torch-free protocol: priorities, request checks, response shapes; the listen rule."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from paged_llm.protocol.errors import ApiError
+from paged_llm.protocol.priority import PriorityClass, parse_priority, to_vllm
+from paged_llm.protocol.requests import parse_chat_request, parse_completion_request
+from paged_llm.protocol.responses import Usage, chat_chunk, chat_completion
+from paged_llm.protocol.tool_calls import ToolCall
+from paged_llm.server.settings import ServerSettings, is_loopback
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (-5, "interactive"), (0, "interactive"), (1, "automation"), (2, "background"),
+        (100, "background"), ("BACKGROUND", "background"), (" automation ", "automation"),
+        (1.0, "automation"),
+    ],
+)  # fmt: skip
+def test_priority_from_vllm_integers_and_names(value: object, expected: str) -> None:
+    assert parse_priority(value) == PriorityClass(expected)
+
+
+@pytest.mark.parametrize("value", [True, "urgent", 1.5, None, [1]])
+def test_bad_priority_names_the_choices(value: object) -> None:
+    with pytest.raises(ValueError, match="interactive, automation, background"):
+        parse_priority(value)
+
+
+def test_vllm_integer_round_trip() -> None:
+    assert [parse_priority(to_vllm(p)) for p in PriorityClass] == list(PriorityClass)
+
+
+def TEXT(text: str) -> dict[str, str]:
+    return {"type": "text", "text": text}
+
+
+CALL = {
+    "id": "call_ULID0123456789",
+    "type": "function",
+    "function": {"name": "lights", "arguments": '{"on": true}'},
+}
+SCHEMA = {"name": "x", "schema": {"type": "object"}}
+USER = [{"role": "user", "content": "x"}]
+
+
+def test_chat_request_fields() -> None:
+    request = parse_chat_request(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": [TEXT("Be "), TEXT("brief.")]},
+                {"role": "user", "content": "Lights?"},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "call_ULID0123456789", "content": "done"},
+            ],
+            "max_completion_tokens": 9,
+            "max_tokens": 99,
+            "stop": "END",
+            "top_k": -1,
+            "priority": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "tools": [{"type": "function", "function": {"name": "lights"}}],
+            "tool_choice": {"type": "function", "function": {"name": "lights"}},
+            "response_format": {"type": "json_schema", "json_schema": SCHEMA},
+        }
+    )  # fmt: skip
+    assert request.messages[0] == {"role": "system", "content": "Be brief."}
+    call = request.messages[2]["tool_calls"][0]
+    assert call["function"]["arguments"] == {"on": True}
+    # Chat templates such as Mistral's want 9 alphanumerics; both sides map alike.
+    assert call["id"] == request.messages[3]["tool_call_id"]
+    assert len(call["id"]) == 9
+    assert call["id"].isalnum()
+    assert request.max_tokens == 9
+    assert request.stop == ("END",)
+    assert request.top_k == 0
+    assert request.priority is PriorityClass.BACKGROUND
+    assert request.include_usage
+    assert request.tool_names == {"lights"}
+    assert request.response_format.schema == {"type": "object"}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ([], None),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+         "messages[0].content[0]"),
+        ({"messages": USER, "seed": "1"}, "seed"),
+        ({"messages": USER, "stream": "yes"}, "stream"),
+        ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
+        ({"messages": USER, "logprobs": True}, "logprobs"),
+        ({"messages": USER, "presence_penalty": 5}, "presence_penalty"),
+    ],
+)  # fmt: skip
+def test_chat_request_errors_name_the_field(body: object, param: str | None) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_chat_request(body)
+    assert caught.value.status == 400
+    assert caught.value.param == param
+
+
+def test_completion_prompt_forms() -> None:
+    assert parse_completion_request({"prompt": ["one"]}).prompt == "one"
+    assert parse_completion_request({"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
+    with pytest.raises(ApiError, match="prompt"):
+        parse_completion_request({"prompt": ["a", "b"]})
+
+
+def test_response_shapes() -> None:
+    call = ToolCall("lights", {"room": "hall"}, "abc123def")
+    body = chat_completion("id", "m", "", [call], "tool_calls", Usage(3, 2, 1), created=7)
+    message = body["choices"][0]["message"]
+    assert message["content"] is None
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"room": "hall"}
+    assert body["usage"] == {
+        "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }  # fmt: skip
+    usage_only = chat_chunk("id", "m", 7, None, usage=Usage(1, 1))
+    assert usage_only["choices"] == []
+    assert "usage" not in chat_chunk("id", "m", 7, {"content": "x"})
+
+
+def test_listening_beyond_loopback_needs_a_key_or_no_auth(caplog: pytest.LogCaptureFixture) -> None:
+    assert is_loopback("127.0.0.5")
+    assert is_loopback("::1")
+    assert is_loopback("localhost")
+    assert not is_loopback("0.0.0.0")
+    assert not is_loopback("192.168.1.2")
+    ServerSettings().check()
+    ServerSettings(host="0.0.0.0", api_key="k").check()
+    with pytest.raises(ValueError, match="--no-auth"):
+        ServerSettings(host="0.0.0.0").check()
+    with caplog.at_level(logging.WARNING):
+        ServerSettings(host="0.0.0.0", no_auth=True).check()
+    assert "without an API key" in caplog.text
+    with pytest.raises(ValueError, match="empty"):
+        ServerSettings(api_key=" ").check()

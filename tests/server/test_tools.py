@@ -1,0 +1,125 @@
+"""Tool calls end to end: a scripted model answers with a call, returned as OpenAI tool_calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from scripted_model import build_scripted_model
+from server_process import API_KEY, MODEL, ServerProcess, start_server
+
+# The model's whole answer, every token distinct (the scripted model is a bigram table).
+CALL = '{"name":"lights","arguments": {"room" : "kitchen"} }'
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lights",
+            "description": "Turn the lights of a room on.",
+            "parameters": {"type": "object", "properties": {"room": {"type": "string"}}},
+        },
+    }
+]
+ASK = [{"role": "user", "content": "Kitchen lights on, please."}]
+
+
+@pytest.fixture(scope="module")
+def client(scripted_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    model = build_scripted_model(scripted_dir / "lights-call", CALL)
+    log = tmp_path_factory.mktemp("tools") / "server.log"
+    proc: ServerProcess = start_server(model, log, "--served-model-name", MODEL)
+    yield openai.OpenAI(base_url=f"{proc.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    assert proc.stop() == 0
+
+
+def test_without_tools_the_answer_is_text(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=40)
+    assert reply.choices[0].message.content == CALL
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].message.tool_calls is None
+
+
+def test_tool_call_not_streaming(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        max_tokens=40,
+        tools=TOOLS,  # type: ignore[arg-type]
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert not choice.message.content
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function"
+    assert call.function.name == "lights"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"room": "kitchen"}  # type: ignore[union-attr]
+    assert call.id
+
+
+def test_tool_call_streaming(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            max_tokens=40,
+            tools=TOOLS,
+            stream=True,  # type: ignore[arg-type]
+        )
+    )
+    # Nothing of the call leaks out as text.
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    (delta,) = deltas
+    assert delta.index == 0
+    assert delta.function is not None
+    assert delta.function.name == "lights"
+    assert json.loads(delta.function.arguments or "") == {"room": "kitchen"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_choice_none_keeps_the_text(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        max_tokens=40,
+        tools=TOOLS,
+        tool_choice="none",  # type: ignore[arg-type]
+    )
+    assert reply.choices[0].message.content == CALL
+
+
+def test_tool_results_in_the_history_are_accepted(client: openai.OpenAI) -> None:
+    history = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_01HXYZABCDEF",
+                    "type": "function",
+                    "function": {"name": "lights", "arguments": '{"room": "kitchen"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_01HXYZABCDEF", "content": '{"success": true}'},
+    ]
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=history,
+        max_tokens=40,
+        tools=TOOLS,  # type: ignore[arg-type]
+    )
+    assert reply.choices[0].finish_reason == "tool_calls"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[*ASK, {**history[1], "tool_calls": [{"type": "function", "function": {
+                "name": "lights", "arguments": "{not json"}}]}],  # type: ignore[list-item]
+            max_tokens=4,
+        )  # fmt: skip
+    assert "messages[1].tool_calls[0].function.arguments" in str(caught.value)
