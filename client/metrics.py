@@ -122,11 +122,13 @@ class MetricsReader:
         self._previous: Scrape | None = None
         self._latencies: dict[str, dict[str, Percentiles]] = {}
         self._throughput = 0.0
+        self.vllm_names = False
 
     def read(self, text: str, now: float | None = None) -> MetricsSnapshot:
         """The snapshot of one ``/metrics`` text."""
         scrape = parse_metrics(text, self.model, now)
         previous, self._previous = self._previous, scrape
+        self.vllm_names = scrape.vllm_names
         v = scrape.values
         generated = _first(v, "vllm:generation_tokens_total")
         if previous is not None and scrape.time > previous.time:

@@ -8,10 +8,18 @@ from typing import Final
 DOMAIN: Final = "paged_llm"
 LOGGER = logging.getLogger(__package__)
 
-# The bundled offline model; equal to paged_llm.engine.config.DEFAULT_MODEL, repeated here
-# so the config flow can offer it without importing the engine (and torch) on the event loop.
-DEFAULT_MODEL: Final = "bundled:SmolLM2-135M-Instruct"
 DEFAULT_TITLE: Final = "Paged LLM"
+
+# Where the model runs, kept in the config entry's data.
+CONF_BACKEND: Final = "backend"
+BACKEND_EMBEDDED: Final = "embedded"
+BACKEND_REMOTE: Final = "remote"
+BACKENDS: Final = (BACKEND_EMBEDDED, BACKEND_REMOTE)
+# Server settings: besides these, url, api_key, model and timeout from homeassistant.const.
+DEFAULT_SERVER_URL: Final = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT_S: Final = 60
+# How often the sensors of a server entry read its /metrics.
+REMOTE_METRICS_INTERVAL_S: Final = 5
 
 # Engine settings, kept in the config entry's data.
 CONF_DTYPE: Final = "dtype"

@@ -220,6 +220,11 @@ def _create_entry(hass: HomeAssistantProcess, model: str) -> dict[str, Any]:
     assert result["step_id"] == "user"
     flow_id = result["flow_id"]
     status, result = hass.request(
+        "POST", f"/api/config/config_entries/flow/{flow_id}", {"backend": "embedded"}
+    )
+    assert status == 200, result
+    assert result["step_id"] == "embedded", result
+    status, result = hass.request(
         "POST",
         f"/api/config/config_entries/flow/{flow_id}",
         {
