@@ -21,9 +21,13 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 def test_editable_install_maps_folders_to_paged_llm() -> None:
     import paged_llm.engine
     import paged_llm.kernels
+    import paged_llm.protocol
+    import paged_llm.server
 
     assert Path(paged_llm.engine.__file__).parent == ROOT / "engine"
     assert Path(paged_llm.kernels.__file__).parent == ROOT / "kernels"
+    assert Path(paged_llm.protocol.__file__).parent == ROOT / "protocol"
+    assert Path(paged_llm.server.__file__).parent == ROOT / "server"
 
 
 def test_no_generic_top_level_modules(tmp_path: Path) -> None:
@@ -31,7 +35,8 @@ def test_no_generic_top_level_modules(tmp_path: Path) -> None:
     # in a fresh interpreter away from the checkout, as Home Assistant would import.
     probe = (
         "import importlib.util as u, sys;"
-        "print([n for n in ('engine', 'kernels') if (s := u.find_spec(n)) and s.origin and"
+        "names = ('engine', 'kernels', 'server', 'protocol', 'package');"
+        "print([n for n in names if (s := u.find_spec(n)) and s.origin and"
         f" s.origin.startswith({str(ROOT)!r})])"
     )
     result = subprocess.run(
@@ -112,11 +117,18 @@ def test_wheel_holds_only_the_namespaced_packages(wheel: Path) -> None:
     code = [n for n in names if n.endswith(".py")]
     assert any(n == "paged_llm/engine/scheduler.py" for n in code)
     assert any(n.startswith("paged_llm/kernels/") for n in code)
+    assert any(n == "paged_llm/server/cli.py" for n in code)
+    assert any(n == "paged_llm/protocol/tool_calls.py" for n in code)
     assert any(n == "paged_llm/client/openai.py" for n in code)
     assert any(n == "paged_llm/protocol/snapshot.py" for n in code)
-    parts = ("client", "engine", "kernels", "protocol")
-    assert all(n.startswith(tuple(f"paged_llm/{p}/" for p in parts)) for n in code)
+    top = ("paged_llm/__init__.py", "paged_llm/__main__.py")
+    assert set(top) <= set(code)
+    parts = ("client", "engine", "kernels", "protocol", "server")
+    assert all(n.startswith(tuple(f"paged_llm/{p}/" for p in parts)) or n in top for n in code)
     assert all(f"paged_llm/{p}/py.typed" in names for p in parts)
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "paged-llm = paged_llm.server.cli:main" in text
 
 
 def test_wheel_installs_and_imports_without_the_checkout(wheel: Path, tmp_path: Path) -> None:
@@ -148,6 +160,34 @@ def test_wheel_installs_and_imports_without_the_checkout(wheel: Path, tmp_path: 
     location = Path(result.stdout.strip())
     assert location.is_relative_to(venv), location
     assert not location.is_relative_to(ROOT)
+    # The command, both as the console script and as `python -m paged_llm`.
+    for command in ([str(venv / "bin" / "paged-llm")], [str(python), "-I", "-m", "paged_llm"]):
+        shown = subprocess.run(
+            [*command, "serve", "--help"], cwd=tmp_path, check=True, capture_output=True, text=True
+        )
+        assert "--api-key" in shown.stdout
+
+
+def test_protocol_imports_without_torch() -> None:
+    # The remote backend runs where PyTorch cannot be installed (Home Assistant OS).
+    probe = (
+        "import sys, paged_llm.protocol.tool_calls, paged_llm.protocol.requests,"
+        " paged_llm.protocol.responses, paged_llm.protocol.priority, paged_llm.protocol.metrics,"
+        " paged_llm.server.cli, paged_llm.server.app;"
+        "print(sorted(m for m in ('torch', 'transformers', 'homeassistant') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_python_m_paged_llm_runs_the_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "paged_llm", "--help"], check=True, capture_output=True, text=True
+    )
+    assert "serve" in result.stdout
+    assert "generate" in result.stdout
 
 
 def test_hacs_json() -> None:
