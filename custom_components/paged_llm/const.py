@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Final
 
+from paged_llm.protocol.priority import PRIORITY_NAMES, PriorityClass
+
 DOMAIN: Final = "paged_llm"
 LOGGER = logging.getLogger(__package__)
 
@@ -71,7 +73,8 @@ ATTR_MAX_TOKENS: Final = "max_tokens"
 ATTR_TEMPERATURE: Final = "temperature"
 ATTR_TEXT: Final = "text"
 ATTR_PATH: Final = "path"
-PRIORITIES: Final = ("interactive", "automation", "background")
+# The engine's request classes, most urgent first, by the names the library gives them.
+PRIORITIES: Final = PRIORITY_NAMES
 DEFAULT_SERVICE_PRIORITY: Final = "automation"
 DEFAULT_SUMMARY_MAX_TOKENS: Final = 512
 # Files beyond this are refused rather than read into memory whole.
@@ -88,7 +91,7 @@ SUMMARY_COMBINE_PROMPT: Final = (
     "one summary of the whole document. Answer with the summary only."
 )
 
-# Engine request classes, by the name the engine's Priority.parse accepts.
-PRIORITY_CONVERSATION: Final = "interactive"
-PRIORITY_AI_TASK: Final = "automation"
-PRIORITY_SUMMARY: Final = "background"
+# Which class each kind of request runs in.
+PRIORITY_CONVERSATION: Final = PriorityClass.INTERACTIVE.value
+PRIORITY_AI_TASK: Final = PriorityClass.AUTOMATION.value
+PRIORITY_SUMMARY: Final = PriorityClass.BACKGROUND.value

@@ -23,6 +23,7 @@ from paged_llm.client import (
     ServerError,
     chat_request,
 )
+from paged_llm.protocol.priority import to_vllm
 from paged_llm.protocol.snapshot import MetricsSnapshot, percentiles
 
 from .backend import BackendError, Delta, Sampling
@@ -147,7 +148,7 @@ class RemoteBackend:
             top_p=sampling.top_p if sampling.top_p < 1 else None,
             top_k=sampling.top_k,
             seed=sampling.seed,
-            priority=PRIORITIES.index(priority) if priority in PRIORITIES else None,
+            priority=to_vllm(priority),
             tools=tools,
             response_format=sampling.response_format,
         )
