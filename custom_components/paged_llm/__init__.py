@@ -27,6 +27,8 @@ from .backend import Backend, BackendError
 from .const import (
     BACKEND_REMOTE,
     CONF_BACKEND,
+    CONF_IDLE_UNLOAD_MIN,
+    DEFAULT_IDLE_UNLOAD_MIN,
     DEFAULT_TIMEOUT_S,
     DOMAIN,
     LOGGER,
@@ -90,7 +92,9 @@ async def _async_start_embedded(hass: HomeAssistant, entry: PagedLLMConfigEntry)
         ) from err
 
     pending = take_pending_backend(hass, entry.unique_id)
+    idle_s = int(entry.data.get(CONF_IDLE_UNLOAD_MIN, DEFAULT_IDLE_UNLOAD_MIN)) * 60.0
     if isinstance(pending, EmbeddedBackend) and pending.config == config and pending.available:
+        pending.idle_unload_s = idle_s
         return pending
     if pending is not None:
         await pending.async_close()
@@ -112,7 +116,7 @@ async def _async_start_embedded(hass: HomeAssistant, entry: PagedLLMConfigEntry)
         config.block_size,
         engine.engine.max_model_len,
     )
-    return EmbeddedBackend(engine)
+    return EmbeddedBackend(engine, idle_unload_s=idle_s)
 
 
 async def _async_start_remote(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> RemoteBackend:

@@ -61,6 +61,7 @@ from .const import (
     CONF_BACKEND,
     CONF_BLOCK_SIZE,
     CONF_DTYPE,
+    CONF_IDLE_UNLOAD_MIN,
     CONF_KV_BUDGET_MIB,
     CONF_MAX_HISTORY,
     CONF_MAX_MODEL_LEN,
@@ -72,6 +73,7 @@ from .const import (
     DEFAULT_CONVERSATION_NAME,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_IDLE_UNLOAD_MIN,
     DEFAULT_KV_BUDGET_MIB,
     DEFAULT_MAX_HISTORY,
     DEFAULT_MAX_MODEL_LEN,
@@ -123,6 +125,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     CONF_BLOCK_SIZE: str(DEFAULT_BLOCK_SIZE),
     CONF_MAX_NUM_SEQS: DEFAULT_MAX_NUM_SEQS,
     CONF_MAX_MODEL_LEN: DEFAULT_MAX_MODEL_LEN,
+    CONF_IDLE_UNLOAD_MIN: DEFAULT_IDLE_UNLOAD_MIN,
 }
 
 
@@ -179,6 +182,17 @@ def engine_schema(defaults: Mapping[str, Any], with_model: bool) -> probatio.Sch
             ): NumberSelector(
                 NumberSelectorConfig(min=0, max=2**20, step=1, mode=NumberSelectorMode.BOX)
             ),
+            probatio.Required(
+                CONF_IDLE_UNLOAD_MIN, default=values[CONF_IDLE_UNLOAD_MIN]
+            ): NumberSelector(
+                NumberSelectorConfig(
+                    min=0,
+                    max=24 * 60,
+                    step=1,
+                    unit_of_measurement="min",
+                    mode=NumberSelectorMode.BOX,
+                )
+            ),
         }
     )
     return probatio.Schema(schema)
@@ -193,6 +207,7 @@ def coerce_engine_input(user_input: Mapping[str, Any]) -> dict[str, Any]:
         CONF_BLOCK_SIZE: int(user_input[CONF_BLOCK_SIZE]),
         CONF_MAX_NUM_SEQS: int(user_input[CONF_MAX_NUM_SEQS]),
         CONF_MAX_MODEL_LEN: int(user_input.get(CONF_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)),
+        CONF_IDLE_UNLOAD_MIN: int(user_input.get(CONF_IDLE_UNLOAD_MIN, DEFAULT_IDLE_UNLOAD_MIN)),
     }
     if CONF_MODEL in user_input:
         data[CONF_MODEL] = normalize_model(user_input[CONF_MODEL])

@@ -29,6 +29,9 @@ CONF_KV_BUDGET_MIB: Final = "kv_budget_mib"
 CONF_BLOCK_SIZE: Final = "block_size"
 CONF_MAX_NUM_SEQS: Final = "max_num_seqs"
 CONF_MAX_MODEL_LEN: Final = "max_model_len"
+# Minutes without requests before the model is unloaded (0: never).
+CONF_IDLE_UNLOAD_MIN: Final = "idle_unload_minutes"
+DEFAULT_IDLE_UNLOAD_MIN: Final = 0
 
 DEVICES: Final = ("auto", "cpu", "cuda")
 DTYPES: Final = ("auto", "float32", "bfloat16", "float16")

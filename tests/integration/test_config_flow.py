@@ -85,7 +85,7 @@ async def test_happy_path_loads_once_and_creates_entry_with_agents(
         await hass.async_block_till_done()
     assert result["type"] is FlowResultType.CREATE_ENTRY
     assert result["title"] == Path(engine_settings[CONF_MODEL]).name
-    assert result["data"] == {"backend": "embedded", **engine_settings}
+    assert result["data"] == {"backend": "embedded", **engine_settings, "idle_unload_minutes": 0}
     entry = result["result"]
     assert entry.unique_id == engine_settings[CONF_MODEL]
     assert sorted(s.subentry_type for s in entry.subentries.values()) == [

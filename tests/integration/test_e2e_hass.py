@@ -281,7 +281,7 @@ def test_real_home_assistant_serves_concurrent_requests(
     states = hass.states()
     (agent,) = [e for e in states if e.startswith("conversation.") and "paged_llm" in e]
     sensors = {e: s for e, s in states.items() if e.startswith("sensor.") and "tiny_llama" in e}
-    assert len(sensors) == 9, sorted(states)
+    assert len(sensors) == 10, sorted(states)
 
     def converse(i: int) -> tuple[int, Any]:
         return hass.request(
