@@ -23,6 +23,8 @@ class ThinkSplitter:
         """Start before the first character."""
         self._state = _State.START
         self._held = ""
+        # The blank lines after a think block are no part of the answer.
+        self._strip = False
 
     def feed(self, text: str) -> tuple[str, str]:
         """Reasoning and answer text that are certain after ``text`` arrived."""
@@ -48,9 +50,12 @@ class ThinkSplitter:
                 reasoning, self._held = self._held[:cut], self._held[cut:]
                 return reasoning, ""
             reasoning = self._held[:end]
-            self._held = self._held[end + len(CLOSE) :].lstrip()
-            self._state = _State.ANSWER
+            self._held = self._held[end + len(CLOSE) :]
+            self._state, self._strip = _State.ANSWER, True
         if self._state is _State.ANSWER:
+            if self._strip:
+                self._held = self._held.lstrip()
+                self._strip = not self._held
             answer, self._held = self._held, ""
         return reasoning, answer
 
