@@ -20,6 +20,7 @@ from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
 from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
+from custom_components.paged_llm.diagnostics import async_get_config_entry_diagnostics
 from custom_components.paged_llm.placement import engine_requirements
 
 from server_process import ServerProcess, free_port
@@ -278,6 +279,15 @@ async def test_conversation_task_actions_and_sensors_through_the_server(
     assert float(_sensor(hass, entry, "prefix_cache_hit_rate")) >= 0
     snapshot = entry.runtime_data.backend.metrics()
     assert snapshot.generation_tokens_total >= 4
+
+    # Diagnostics: the server's figures and metrics, never its key.
+    diagnostics = await async_get_config_entry_diagnostics(hass, entry)
+    assert diagnostics["entry"]["data"]["api_key"] == "**REDACTED**"
+    assert API_KEY not in str(diagnostics)
+    assert diagnostics["engine"]["backend"] == "remote"
+    assert diagnostics["engine"]["reachable"] is True
+    assert diagnostics["engine"]["server_metrics"] is True
+    assert diagnostics["engine"]["metrics"]["generation_tokens_total"] >= 4
     assert snapshot.kv_blocks_total > 0
     assert snapshot.prompt_tokens_total > 0
 
