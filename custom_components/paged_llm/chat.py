@@ -34,9 +34,9 @@ async def async_stream(
     tools: list[dict[str, Any]] | None = None,
 ) -> AsyncIterator[Delta]:
     """Stream an answer from the entry's backend; failures become translated errors."""
+    # No availability check first: a stopped engine says so itself, and a server that is
+    # back answers at once, before the next metrics poll notices.
     backend = entry.runtime_data.backend
-    if not backend.available:
-        raise ha_error(BackendError("engine_dead", "the model is not available now"))
     try:
         async for delta in backend.stream(messages, sampling, priority, tools):
             yield delta

@@ -27,6 +27,7 @@ EXPECTED = {
     "time_to_first_token_p95": ("s", None),
     "generation_throughput": ("tokens/s", None),
     "prefix_cache_hit_rate": ("%", "0.0"),
+    "model_loaded": (None, "loaded"),
 }
 
 
