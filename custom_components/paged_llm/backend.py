@@ -78,6 +78,10 @@ class Backend(Protocol):
     def context_size(self) -> int:
         """The most tokens one request may hold, prompt and answer together."""
 
+    @property
+    def kv_pool_tokens(self) -> int | None:
+        """Tokens the whole KV pool holds, where the backend knows it (None elsewhere)."""
+
     async def async_count_tokens(self, text: str) -> int:
         """Tokens in ``text`` (the model's tokenizer where the backend has it)."""
 

@@ -246,6 +246,12 @@ class EmbeddedBackend:
         """The engine's context length."""
         return int(self.engine.engine.max_model_len)
 
+    @property
+    def kv_pool_tokens(self) -> int:
+        """Tokens the engine's KV pool holds."""
+        engine = self.engine.engine
+        return int(engine.num_kv_blocks * engine.config.block_size)
+
     async def async_count_tokens(self, text: str) -> int:
         """Tokens in ``text`` by the model's tokenizer (off the event loop)."""
         await self._async_ensure_loaded()

@@ -121,6 +121,11 @@ class RemoteBackend:
         """The model's context as the server reported it (or a conservative default)."""
         return self._context
 
+    @property
+    def kv_pool_tokens(self) -> None:
+        """A server's pool is its own to share out; it is not known here."""
+        return None
+
     async def async_count_tokens(self, text: str) -> int:
         """The server's count where it offers one (vLLM's /tokenize), else an estimate."""
         count = await self.client.count_tokens(self.model, text)

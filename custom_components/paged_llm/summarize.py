@@ -23,6 +23,9 @@ from .runtime import PagedLLMConfigEntry
 TEMPLATE_MARGIN = 32
 # Cut a little short of the estimate: characters per token vary along a text.
 CUT_SHARE = 0.9
+# Share of the KV pool one summary part may fill at its longest: the parts that run at once
+# (SUMMARY_CHUNK_CONCURRENCY) then stay below the share the engine keeps for voice queries.
+SUMMARY_POOL_SHARE = 0.2
 
 
 def _cut(text: str, limit: int) -> int:
@@ -58,8 +61,11 @@ class Summarizer:
         """Cut text into pieces whose request fits the context."""
         backend = self.entry.runtime_data.backend
         context = backend.context_size
+        longest = context
+        if (pool := backend.kv_pool_tokens) is not None:
+            longest = min(context, int(pool * SUMMARY_POOL_SHARE))
         overhead = await backend.async_count_tokens(instruction) + TEMPLATE_MARGIN
-        budget = context - self.sampling.max_tokens - overhead
+        budget = longest - self.sampling.max_tokens - overhead
         tokens = await backend.async_count_tokens(text)
         if tokens <= budget:
             return [text]

@@ -14,10 +14,9 @@ from homeassistant.const import CONF_LLM_HASS_API, CONF_PROMPT
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import llm
 
-from paged_llm.engine.sequence import SamplingParams
-
+from .backend import Sampling
 from .const import DOMAIN, LOGGER, PRIORITY_CONVERSATION
-from .prompt import build_messages, chat_template, format_tool, render_plain, template_knows_tools
+from .prompt import build_messages, format_tool
 from .runtime import PagedLLMConfigEntry
 
 # A user turn after the system prompt: only the blocks before it are worth keeping.
@@ -26,8 +25,8 @@ WARMUP_USER_TEXT = "Hello"
 
 async def async_render_agent_prompt(
     hass: HomeAssistant, entry: PagedLLMConfigEntry, settings: dict[str, Any]
-) -> tuple[str | list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """The prompt a conversation turn would send, as the agent builds it, and its tools."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The messages a conversation turn would send, as the agent builds them, and its tools."""
     chat_log = conversation.ChatLog(hass, f"{DOMAIN}-warmup")
     context = llm.LLMContext(
         platform=DOMAIN,
@@ -40,15 +39,13 @@ async def async_render_agent_prompt(
         context, settings.get(CONF_LLM_HASS_API), settings.get(CONF_PROMPT)
     )
     chat_log.content.append(conversation.UserContent(content=WARMUP_USER_TEXT))
-    tokenizer = entry.runtime_data.engine.engine.tokenizer
-    native_tools = template_knows_tools(tokenizer)
+    native_tools = entry.runtime_data.backend.native_tools
     tools = None
     if chat_log.llm_api:
         serializer = chat_log.llm_api.custom_serializer
         tools = [format_tool(tool, serializer) for tool in chat_log.llm_api.tools]
     messages = build_messages(chat_log.content, tools=tools, native_tools=native_tools)
-    prompt = messages if chat_template(tokenizer) is not None else render_plain(messages)
-    return prompt, tools if native_tools else None
+    return messages, tools if native_tools else None
 
 
 async def async_warm_prefix(
@@ -60,10 +57,10 @@ async def async_warm_prefix(
         key = repr((prompt, tools))
         if key == last:
             return last
-        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-        async for _ in entry.runtime_data.engine.generate(
-            prompt, params, PRIORITY_CONVERSATION, tools=tools
-        ):
+        # One token: the prompt's prefill is what fills the cache (a server's too).
+        sampling = Sampling(max_tokens=1, temperature=0.0)
+        backend = entry.runtime_data.backend
+        async for _ in backend.stream(prompt, sampling, PRIORITY_CONVERSATION, tools):
             pass
     except Exception as err:  # a cold cache is slower, never broken
         LOGGER.debug("Could not warm the prefix cache: %s", err)
