@@ -128,7 +128,7 @@ def test_constrained_output_parses_validates_and_stops_at_the_grammars_end(engin
         f"j{i}": (prompt(10 + i), SamplingParams(temperature=0, max_tokens=60, json_schema=SCHEMA))
         for i in range(3)
     }
-    requests["o"] = (prompt(20), SamplingParams(temperature=0, max_tokens=120, json_object=True))
+    requests["o"] = (prompt(20), SamplingParams(temperature=0, max_tokens=40, json_object=True))
     requests["r"] = (prompt(21), SamplingParams(temperature=0, max_tokens=20, regex="(yes|no)"))
     requests["g"] = (
         prompt(22),
@@ -189,8 +189,8 @@ def test_free_requests_sharing_steps_with_constrained_ones_keep_generates_tokens
 
 
 def test_a_preempted_constrained_request_recomputes_to_the_same_tokens() -> None:
-    # 8 blocks of 16 cannot hold three 40-token prompts growing to 80 tokens.
-    params = SamplingParams(temperature=0, max_tokens=40, regex="[a-z ]+", ignore_eos=True)
+    # 8 blocks of 16 cannot hold three 40-token prompts growing to 64 tokens.
+    params = SamplingParams(temperature=0, max_tokens=24, regex="[a-z ]+", ignore_eos=True)
     prompts = {f"p{i}": (prompt(60 + i, 40), params) for i in range(3)}
     prios = {"p0": Priority.BACKGROUND, "p1": Priority.AUTOMATION, "p2": Priority.INTERACTIVE}
     roomy = make_engine(vocab_size=VOCAB, block_size=16, max_model_len=128)
