@@ -114,6 +114,7 @@ def test_a_grammar_that_cannot_compile_is_refused_at_submission(engine, kwargs, 
     # The engine keeps serving: the same id is free and a good request runs.
     tokens, reasons = run(engine, {"bad": (prompt(1), SamplingParams(max_tokens=3))})
     assert len(tokens["bad"]) == 3
+    assert reasons["bad"] is FinishReason.LENGTH
 
 
 def test_each_grammar_is_compiled_once(engine) -> None:
@@ -147,7 +148,8 @@ def test_constrained_output_parses_validates_and_stops_at_the_grammars_end(engin
         assert isinstance(data["on"], bool)
         assert 0 <= data["level"] <= 100
         assert data["mode"] in {"heat", "cool", "auto"}
-        assert reasons[rid] is FinishReason.STOP and tokens[rid][-1] in eos
+        assert reasons[rid] is FinishReason.STOP
+        assert tokens[rid][-1] in eos
     assert reasons["o"] is FinishReason.LENGTH or isinstance(json.loads(texts["o"]), dict)
     assert texts["r"] in {"yes", "no"}
     assert texts["g"] in {"light.on", "light.off"}
