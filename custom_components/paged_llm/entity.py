@@ -13,7 +13,7 @@ from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers.entity import Entity
 
 from paged_llm.engine.errors import EngineDeadError, EngineError
-from paged_llm.engine.sequence import SamplingParams
+from paged_llm.engine.sequence import FinishReason, SamplingParams
 
 from .const import (
     CONF_MAX_HISTORY,
@@ -26,6 +26,7 @@ from .const import (
     LOGGER,
     MAX_TOOL_ITERATIONS,
 )
+from .constraints import constrain, structure_schema, tools_tag
 from .prompt import (
     PLAIN_STOP,
     build_messages,
@@ -91,8 +92,12 @@ class PagedLLMBaseLLMEntity(Entity):
         self,
         chat_log: conversation.ChatLog,
         structure: probatio.Schema | None = None,
-    ) -> None:
-        """Answer the chat log, running tool calls until the model answers in words."""
+    ) -> FinishReason | None:
+        """Answer the chat log, running tool calls until the model answers in words.
+
+        Decoding is held to the structure's JSON schema, or, with tools, to text or calls
+        of the offered tools. Returns why the last answer ended.
+        """
         settings = dict(self.subentry.data)
         engine = self.entry.runtime_data.engine
         try:
@@ -111,7 +116,13 @@ class PagedLLMBaseLLMEntity(Entity):
             tool_names = {tool.name for tool in chat_log.llm_api.tools}
         json_instruction = json_schema_instruction(structure, serializer) if structure else None
         params = sampling_params(settings, stop=() if templated else PLAIN_STOP)
+        if tools:
+            if (tag := tools_tag(tokenizer, tools, native_tools)) is not None:
+                params = await constrain(self.hass, engine, params, structural_tag=tag)
+        elif structure and (schema := structure_schema(structure, serializer)) is not None:
+            params = await constrain(self.hass, engine, params, json_schema=schema)
         max_history = int(settings.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
+        finish: list[FinishReason | None] = [None]
 
         for _iteration in range(MAX_TOOL_ITERATIONS):
             messages = build_messages(
@@ -123,12 +134,13 @@ class PagedLLMBaseLLMEntity(Entity):
             prompt: str | list[dict[str, Any]] = messages if templated else render_plain(messages)
             parser = ToolCallStream(tool_names) if tools else None
             stream = self._async_stream(
-                chat_log, prompt, params, tools if native_tools else None, parser
+                chat_log, prompt, params, tools if native_tools else None, parser, finish
             )
             async for _content in chat_log.async_add_delta_content_stream(self.entity_id, stream):
                 pass
             if not chat_log.unresponded_tool_results:
                 break
+        return finish[0]
 
     async def _async_stream(
         self,
@@ -137,8 +149,9 @@ class PagedLLMBaseLLMEntity(Entity):
         params: SamplingParams,
         template_tools: list[dict[str, Any]] | None,
         parser: ToolCallStream | None,
+        finish: list[FinishReason | None],
     ) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
-        """Stream one model answer as chat-log deltas, tool calls last."""
+        """Stream one answer as chat-log deltas, tool calls last; ``finish[0]``: why it ended."""
         engine = self.entry.runtime_data.engine
         yield {"role": "assistant"}
         last = None
@@ -164,6 +177,7 @@ class PagedLLMBaseLLMEntity(Entity):
                 translation_placeholders={"reason": str(err)},
             ) from err
         if last is not None:
+            finish[0] = last.finish_reason
             chat_log.async_trace(
                 {
                     "stats": {
