@@ -6,9 +6,9 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# Whitespace the JSON inside a call may hold in one run: enough for any layout a model
-# uses, too little for a small model to drift into endless newlines.
-_MAX_WHITESPACE = 4
+# At most one whitespace character between JSON tokens inside a call: the one-line layout
+# the formats show; more lets a small model drift into runs of newlines until max_tokens.
+_MAX_WHITESPACE = 1
 
 
 class ToolCallFormat(enum.StrEnum):
@@ -117,5 +117,7 @@ def tool_call_structural_tag(
         "triggers": [trigger],
         "tags": tags,
         "at_least_one": tool_choice != "auto",
+        # Llama 3 and Mistral answers end with their call: text after it breaks the format.
+        "stop_after_first": fmt is not ToolCallFormat.HERMES,
     }
     return {"type": "structural_tag", "format": fmt_spec}
