@@ -121,7 +121,7 @@ async def test_every_forced_call_names_an_offered_tool_and_fits_its_schema(
         text = ""
         async for out in engine.generate(prompt, params, "interactive"):
             text += out.text
-        content, calls = parse_tool_calls(text, {tool.name})
+        _content, calls = parse_tool_calls(text, {tool.name})
         assert calls, (fmt, text)
         for call in calls:
             assert call.tool_name == tool.name
