@@ -214,7 +214,7 @@ def task_experiment(engine: LLMEngine, max_tokens: int) -> dict[str, Any]:
         schema = probatio.to_openapi(
             structure, custom_serializer=llm.selector_serializer, openapi_version="3.1.0"
         )
-        text = f"{instructions}\n\n{json_schema_instruction(structure, None)}"
+        text = f"{instructions}\n\n{json_schema_instruction(schema)}"
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
         prompts.append(engine.tokenize(messages))
         schemas.append(schema)

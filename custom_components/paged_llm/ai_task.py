@@ -12,8 +12,6 @@ from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
-from paged_llm.engine.sequence import FinishReason
-
 from .const import DOMAIN, LOGGER, PRIORITY_AI_TASK, SUBENTRY_AI_TASK
 from .entity import PagedLLMBaseLLMEntity
 from .runtime import PagedLLMConfigEntry
@@ -102,9 +100,7 @@ class PagedLLMTaskEntity(ai_task.AITaskEntity, PagedLLMBaseLLMEntity):
         if not task.structure:
             return ai_task.GenDataTaskResult(conversation_id=chat_log.conversation_id, data=text)
         try:
-            data = parse_structured_output(
-                text, task.structure, cut_off=finish is FinishReason.LENGTH
-            )
+            data = parse_structured_output(text, task.structure, cut_off=finish == "length")
         except HomeAssistantError:
             LOGGER.warning("Task %s: the answer is not valid structured data: %s", task.name, text)
             raise

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import probatio
 from homeassistant.components import conversation
 from homeassistant.config_entries import ConfigSubentry
-from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import device_registry as dr
+from homeassistant.helpers import llm
 from homeassistant.helpers.entity import Entity
 
-from paged_llm.engine.errors import EngineDeadError, EngineError
-from paged_llm.engine.sequence import FinishReason, SamplingParams
-
+from .backend import BackendError, Sampling
+from .chat import async_stream
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -23,21 +22,16 @@ from .const import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     DOMAIN,
-    LOGGER,
     MAX_TOOL_ITERATIONS,
 )
-from .constraints import constrain, structure_schema, tools_tag
 from .prompt import (
-    PLAIN_STOP,
     build_messages,
-    chat_template,
     format_tool,
     json_schema_instruction,
-    render_plain,
-    template_knows_tools,
+    structure_schema,
     trim_history,
 )
-from .runtime import PagedLLMConfigEntry, engine_error
+from .runtime import PagedLLMConfigEntry, ha_error
 from .tool_calls import ToolCallStream
 
 MANUFACTURER = "Paged LLM"
@@ -54,17 +48,14 @@ def engine_device_info(entry: PagedLLMConfigEntry) -> dr.DeviceInfo:
     )
 
 
-def sampling_params(settings: dict[str, Any], **overrides: Any) -> SamplingParams:
-    """Sampling settings of an agent (raises a translated error for invalid values)."""
+def agent_sampling(settings: Mapping[str, Any], **overrides: Any) -> Sampling:
+    """Sampling settings of an agent or an action, with the defaults filled in."""
     values: dict[str, Any] = {
         "max_tokens": int(settings.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)),
         "temperature": float(settings.get(CONF_TEMPERATURE, DEFAULT_TEMPERATURE)),
         **overrides,
     }
-    try:
-        return SamplingParams(**values)
-    except EngineError as err:
-        raise engine_error(err) from err
+    return Sampling(**values)
 
 
 class PagedLLMBaseLLMEntity(Entity):
@@ -92,20 +83,18 @@ class PagedLLMBaseLLMEntity(Entity):
         self,
         chat_log: conversation.ChatLog,
         structure: probatio.Schema | None = None,
-    ) -> FinishReason | None:
+    ) -> str | None:
         """Answer the chat log, running tool calls until the model answers in words.
 
-        Decoding is held to the structure's JSON schema, or, with tools, to text or calls
-        of the offered tools. Returns why the last answer ended.
+        Decoding is held to the structure's JSON schema (``response_format``), or, with
+        tools, to text or calls of the offered tools, where the backend enforces it.
+        Returns why the last answer ended (``"length"``: cut off at max_tokens).
         """
         settings = dict(self.subentry.data)
-        engine = self.entry.runtime_data.engine
         try:
-            tokenizer = engine.engine.tokenizer
-        except EngineDeadError as err:
-            raise engine_error(err) from err
-        templated = chat_template(tokenizer) is not None
-        native_tools = template_knows_tools(tokenizer)
+            native_tools = self.entry.runtime_data.backend.native_tools
+        except BackendError as err:
+            raise ha_error(err) from err
 
         tools: list[dict[str, Any]] | None = None
         tool_names: set[str] = set()
@@ -114,15 +103,18 @@ class PagedLLMBaseLLMEntity(Entity):
             serializer = chat_log.llm_api.custom_serializer
             tools = [format_tool(tool, serializer) for tool in chat_log.llm_api.tools]
             tool_names = {tool.name for tool in chat_log.llm_api.tools}
-        json_instruction = json_schema_instruction(structure, serializer) if structure else None
-        params = sampling_params(settings, stop=() if templated else PLAIN_STOP)
-        if tools:
-            if (tag := tools_tag(tokenizer, tools, native_tools)) is not None:
-                params = await constrain(self.hass, engine, params, structural_tag=tag)
-        elif structure and (schema := structure_schema(structure, serializer)) is not None:
-            params = await constrain(self.hass, engine, params, json_schema=schema)
+        sampling = agent_sampling(settings, tool_grammar=tools)
+        json_instruction = None
+        if structure:
+            schema = structure_schema(structure, serializer)
+            json_instruction = json_schema_instruction(schema)
+            if not tools:
+                sampling.response_format = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "structure", "schema": schema, "strict": True},
+                }
         max_history = int(settings.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
-        finish: list[FinishReason | None] = [None]
+        finish: list[str | None] = [None]
 
         for _iteration in range(MAX_TOOL_ITERATIONS):
             messages = build_messages(
@@ -131,10 +123,9 @@ class PagedLLMBaseLLMEntity(Entity):
                 native_tools=native_tools,
                 json_instruction=json_instruction,
             )
-            prompt: str | list[dict[str, Any]] = messages if templated else render_plain(messages)
             parser = ToolCallStream(tool_names) if tools else None
             stream = self._async_stream(
-                chat_log, prompt, params, tools if native_tools else None, parser, finish
+                chat_log, messages, sampling, tools if native_tools else None, parser, finish
             )
             async for _content in chat_log.async_add_delta_content_stream(self.entity_id, stream):
                 pass
@@ -145,37 +136,24 @@ class PagedLLMBaseLLMEntity(Entity):
     async def _async_stream(
         self,
         chat_log: conversation.ChatLog,
-        prompt: str | list[dict[str, Any]],
-        params: SamplingParams,
-        template_tools: list[dict[str, Any]] | None,
+        messages: list[dict[str, Any]],
+        sampling: Sampling,
+        native_tools: list[dict[str, Any]] | None,
         parser: ToolCallStream | None,
-        finish: list[FinishReason | None],
+        finish: list[str | None],
     ) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
         """Stream one answer as chat-log deltas, tool calls last; ``finish[0]``: why it ended."""
-        engine = self.entry.runtime_data.engine
         yield {"role": "assistant"}
         last = None
-        try:
-            async for out in engine.generate(prompt, params, self._priority, tools=template_tools):
-                last = out
-                text = parser.feed(out.text) if parser else out.text
-                if text:
-                    yield {"content": text}
-        except EngineError as err:
-            if isinstance(err, EngineDeadError) and engine.error is not None:
-                # The step loop crashed: restart the engine rather than stay broken.
-                LOGGER.error("The engine failed (%s); restarting it", engine.error)
-                self.hass.config_entries.async_schedule_reload(self.entry.entry_id)
-            raise engine_error(err) from err
-        except HomeAssistantError:
-            raise
-        except Exception as err:
-            LOGGER.exception("Generation failed")
-            raise HomeAssistantError(
-                translation_domain=DOMAIN,
-                translation_key="generation_failed",
-                translation_placeholders={"reason": str(err)},
-            ) from err
+        calls: list[llm.ToolInput] = []
+        async for delta in async_stream(
+            self.hass, self.entry, messages, sampling, self._priority, native_tools
+        ):
+            last = delta
+            calls.extend(delta.tool_calls)
+            text = parser.feed(delta.text) if parser else delta.text
+            if text:
+                yield {"content": text}
         if last is not None:
             finish[0] = last.finish_reason
             chat_log.async_trace(
@@ -191,5 +169,6 @@ class PagedLLMBaseLLMEntity(Entity):
         if parser is not None:
             if rest := parser.finish():
                 yield {"content": rest}
-            if parser.calls:
-                yield {"tool_calls": parser.calls}
+            calls.extend(parser.calls)
+        if calls:
+            yield {"tool_calls": calls}

@@ -80,7 +80,7 @@ async def test_conversation_with_tools_decodes_under_a_tag_of_the_offered_tools(
         entry, subentry, data={**subentry.data, CONF_LLM_HASS_API: ["light_api"]}
     )
     await hass.async_block_till_done()
-    engine = entry.runtime_data.engine
+    engine = entry.runtime_data.backend.engine
     seen: list[SamplingParams] = []
     real_generate = engine.generate
 
@@ -111,7 +111,7 @@ async def test_every_forced_call_names_an_offered_tool_and_fits_its_schema(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
     """A random model forced to call: each call parses back and validates, in each format."""
-    engine = init_integration.runtime_data.engine
+    engine = init_integration.runtime_data.backend.engine
     tool = _LightTool()
     tools = [format_tool(tool, llm.selector_serializer)]
     prompt = [{"role": "user", "content": "Set the hall light"}]
