@@ -7,10 +7,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
-import pytest_asyncio
 from aiohttp import web
 
 from paged_llm.engine.config import EngineConfig
@@ -52,14 +50,9 @@ FAN_TOOL = {
 MESSAGES: Any = [{"role": "user", "content": "Set things up for the evening"}]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def client(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[openai.AsyncOpenAI]:
-    """A real server over the tiny model, and an OpenAI client for it.
-
-    It listens on a Unix socket: the Home Assistant test plugin blocks TCP sockets.
-    """
+@pytest.fixture
+async def client(tiny_model_dir: Path, socket_enabled: None) -> AsyncIterator[openai.AsyncOpenAI]:
+    """A real server on a loopback port over the tiny model, and an OpenAI client for it."""
     config = EngineConfig(
         model=str(tiny_model_dir), device="cpu", dtype="float32", kv_budget=8 * 2**20
     )
@@ -67,23 +60,30 @@ async def client(
     await host.start()
     runner = web.AppRunner(make_app(host, ServerSettings(host="127.0.0.1", port=0)))
     await runner.setup()
-    path = str(tmp_path_factory.mktemp("server") / "api.sock")
-    await web.UnixSite(runner, path).start()
-    transport = httpx.AsyncHTTPTransport(uds=path)
-    async with openai.AsyncOpenAI(
-        base_url="http://localhost/v1",
-        api_key="-",
-        http_client=httpx.AsyncClient(transport=transport),
-    ) as oa:
-        yield oa
-    await runner.cleanup()
-    await host.stop()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0
+        ) as oa:
+            yield oa
+    finally:
+        await runner.cleanup()
+        await host.stop()
 
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+async def test_structured_output_over_the_openai_api(client) -> None:
+    """One server for every check: starting the engine dominates the cost."""
+    await check_json_schema(client)
+    await check_json_object(client)
+    await check_tool_choice(client, "required", {"set_light", "fan_on"})
+    named = {"type": "function", "function": {"name": "set_light"}}
+    await check_tool_choice(client, named, {"set_light"})
+    await check_bad_schema(client)
 
 
-async def test_response_format_json_schema_gives_json_that_fits(client) -> None:
+async def check_json_schema(client) -> None:
     response = await client.chat.completions.create(
         model="tiny",
         messages=MESSAGES,
@@ -99,7 +99,7 @@ async def test_response_format_json_schema_gives_json_that_fits(client) -> None:
     assert choice.finish_reason == "stop"
 
 
-async def test_response_format_json_object_starts_an_object(client) -> None:
+async def check_json_object(client) -> None:
     response = await client.chat.completions.create(
         model="tiny",
         messages=MESSAGES,
@@ -114,16 +114,7 @@ async def test_response_format_json_object_starts_an_object(client) -> None:
         assert isinstance(json.loads(text), dict)
 
 
-@pytest.mark.parametrize(
-    ("tool_choice", "names"),
-    [
-        ("required", {"set_light", "fan_on"}),
-        ({"type": "function", "function": {"name": "set_light"}}, {"set_light"}),
-    ],
-)
-async def test_tool_choice_forces_a_call_of_an_offered_tool_with_fitting_arguments(
-    client, tool_choice, names
-) -> None:
+async def check_tool_choice(client, tool_choice, names) -> None:
     response = await client.chat.completions.create(
         model="tiny",
         messages=MESSAGES,
@@ -145,9 +136,7 @@ async def test_tool_choice_forces_a_call_of_an_offered_tool_with_fitting_argumen
             assert set(args) <= {"fast"}
 
 
-async def test_a_schema_the_engine_cannot_enforce_is_a_400_naming_response_format(
-    client,
-) -> None:
+async def check_bad_schema(client) -> None:
     bad = {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}
     with pytest.raises(openai.BadRequestError) as err:
         await client.chat.completions.create(
