@@ -112,7 +112,8 @@ def test_a_grammar_that_cannot_compile_is_refused_at_submission(engine, kwargs, 
     assert info.value.code == "invalid_structured_output"
     assert engine.scheduler.get("bad") is None
     # The engine keeps serving: the same id is free and a good request runs.
-    tokens, reasons = run(engine, {"bad": (prompt(1), SamplingParams(max_tokens=3))})
+    free = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    tokens, reasons = run(engine, {"bad": (prompt(1), free)})
     assert len(tokens["bad"]) == 3
     assert reasons["bad"] is FinishReason.LENGTH
 
