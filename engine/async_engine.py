@@ -170,6 +170,9 @@ class AsyncEngine:
         engine = self.engine
         # Chat templates and long documents take milliseconds to tokenize: not on the loop.
         token_ids = await loop.run_in_executor(None, engine.tokenize, prompt, tools)
+        if params.structured is not None:
+            # Compiling a grammar takes up to a second: here, so the step loop finds it cached.
+            await loop.run_in_executor(None, engine.structured.compile, params)
         request_id = request_id or uuid.uuid4().hex
         stream = _Stream(loop, asyncio.Queue())
         with self._lock:

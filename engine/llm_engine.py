@@ -21,6 +21,7 @@ from .model_runner import ModelRunner
 from .outputs import RequestOutput, RequestTiming, StepTrace
 from .scheduler import Scheduler
 from .sequence import FinishReason, Priority, SamplingParams, Sequence
+from .structured import StructuredOutput
 from .validation import (
     check_arrival_time,
     check_params,
@@ -62,6 +63,10 @@ class LLMEngine:
             config.scheduler_config(self.max_model_len), self.kv_manager, clock=clock
         )
         self.runner = ModelRunner(loaded, num_blocks, config.block_size, config.attention_backend)
+        self.structured = StructuredOutput(
+            loaded.tokenizer, int(loaded.model.config.vocab_size), loaded.eos_token_ids
+        )
+        self.runner.structured = self.structured
         self.recorder = MetricsRecorder()
         self._detokenizers: dict[str, Detokenizer] = {}
         self._next_id = 0
@@ -132,7 +137,12 @@ class LLMEngine:
         )
         if not seq.params.ignore_eos:
             seq.extra_stop_token_ids = self.loaded.eos_token_ids
-        self.scheduler.add(seq)
+        self.structured.add(seq)
+        try:
+            self.scheduler.add(seq)
+        except BaseException:
+            self.structured.release(request_id)
+            raise
         self._detokenizers[request_id] = Detokenizer(self.tokenizer, seq.params.stop)
         return seq
 
@@ -158,6 +168,7 @@ class LLMEngine:
         self._check_open()
         started = time.perf_counter()
         self.runner.last_forward_s = 0.0
+        self.structured.last_mask_s = 0.0
         output = self.scheduler.schedule()
         results: dict[str, int | Exception] = {}
         if output.chunks:
@@ -189,6 +200,8 @@ class LLMEngine:
             self.recorder.record_first_token(seq)
         if stop_hit and not seq.is_finished:
             self.scheduler.finish(seq, FinishReason.STOP)
+        if not seq.is_finished and self.structured.is_constrained(seq.request_id):
+            self._advance_grammar(seq)
         if seq.is_finished:
             text += detok.flush()
             self._forget(seq)
@@ -201,6 +214,16 @@ class LLMEngine:
         out = self._output(seq, "", [])
         out.error = err
         return out
+
+    def _advance_grammar(self, seq: Sequence) -> None:
+        """Feed the new token to the request's grammar; end the request where it must end."""
+        if not self.structured.sync(seq):
+            # Only a sampler that ignored the mask could get here; never emit past it.
+            self.scheduler.finish(seq, FinishReason.ERROR)
+        elif self.structured.is_terminated(seq.request_id):
+            # The grammar took its end token (ignore_eos kept the request alive): nothing
+            # more may follow.
+            self.scheduler.finish(seq, FinishReason.STOP)
 
     def _record_trace(self, started: float, num_tokens: int, num_chunks: int) -> None:
         """Append this step's figures to the benchmark trace."""
@@ -248,6 +271,7 @@ class LLMEngine:
         """Drop per-request state once a sequence has ended."""
         self._detokenizers.pop(seq.request_id, None)
         self.runner.release(seq.request_id)
+        self.structured.release(seq.request_id)
         self.recorder.record_finished(seq)
 
     def metrics(self) -> MetricsSnapshot:

@@ -15,6 +15,7 @@ from paged_llm.kernels import paged_attention, store_kv
 from .loader import LoadedModel
 from .sampler import Sampler
 from .scheduler import SchedulerOutput
+from .structured import StructuredOutput
 
 ATTENTION_NAME = "paged_llm"
 _METADATA_KWARG = "paged_llm_metadata"
@@ -118,6 +119,8 @@ class ModelRunner:
         ]
         self.model.set_attn_implementation(ATTENTION_NAME)
         self.sampler = Sampler(self.device)
+        # Grammar masks for constrained requests; the engine sets it (None: no masking).
+        self.structured: StructuredOutput | None = None
         # Seconds the last step spent in the model's forward pass (benchmarks read it).
         self.last_forward_s = 0.0
 
@@ -183,6 +186,8 @@ class ModelRunner:
             if not sample_rows:
                 return {}
             seqs = [chunks[i].seq for i in sample_rows]
+            if self.structured is not None:
+                self.structured.apply(logits, seqs)
             tokens: list[int | Exception]
             try:
                 tokens = list(self.sampler.sample(logits, seqs))

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import enum
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import InvalidSamplingParams
 
@@ -58,6 +61,25 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"
 
 
+STRUCTURED_FIELDS = ("json_schema", "json_object", "regex", "grammar", "structural_tag")
+
+
+def _json_object_text(name: str, value: object) -> str:
+    """Compact JSON text of a JSON object given as text or a mapping; errors name ``name``."""
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise InvalidSamplingParams(f"{name} is not valid JSON: {err}") from err
+    if not isinstance(parsed, Mapping):
+        raise InvalidSamplingParams(f"{name} must be a JSON object, got {value!r:.200}")
+    try:
+        return json.dumps(parsed, separators=(",", ":"))
+    except (TypeError, ValueError) as err:
+        raise InvalidSamplingParams(f"{name} cannot be written as JSON: {err}") from err
+
+
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     """How to pick tokens and when to stop; validated on creation."""
@@ -70,6 +92,13 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Structured output (engine/structured.py): at most one of these five is set.
+    # A schema or tag is stored as compact JSON text (key order kept: it is the output order).
+    json_schema: str | Mapping[str, Any] | None = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+    structural_tag: str | Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         """Reject values that would make sampling undefined."""
@@ -124,6 +153,37 @@ class SamplingParams:
             )
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self._check_structured()
+
+    def _check_structured(self) -> None:
+        """Validate the structured-output fields and store the JSON ones as compact text."""
+        for name in ("json_schema", "structural_tag"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _json_object_text(name, value))
+        if not isinstance(self.json_object, bool):
+            raise InvalidSamplingParams(f"json_object must be a boolean, got {self.json_object!r}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidSamplingParams(f"{name} must be a non-empty string, got {value!r}")
+        chosen = [name for name in STRUCTURED_FIELDS if getattr(self, name) not in (None, False)]
+        if len(chosen) > 1:
+            raise InvalidSamplingParams(
+                f"{' and '.join(chosen)} cannot be combined: give at most one of "
+                f"{', '.join(STRUCTURED_FIELDS)}"
+            )
+
+    @property
+    def structured(self) -> tuple[str, str] | None:
+        """The structured-output constraint as (field name, text), or None when free."""
+        for name in STRUCTURED_FIELDS:
+            value = getattr(self, name)
+            if value is True:
+                return name, ""
+            if isinstance(value, str):
+                return name, value
+        return None
 
     @property
     def greedy(self) -> bool:

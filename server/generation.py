@@ -33,6 +33,10 @@ def engine_error(err: Exception, retry_after: int) -> ApiError:
     if isinstance(err, RequestRejected):
         if err.code == "queue_full":
             return ApiError(503, str(err), code=err.code, retry_after=retry_after)
+        if err.code == "invalid_structured_output":
+            # The message starts with the field: json_schema, json_object or structural_tag.
+            param = "tools" if str(err).startswith("structural_tag") else "response_format"
+            return ApiError(400, str(err), param=param, code=err.code)
         if err.code in _CLIENT_CODES:
             param = "messages" if err.code in ("empty_prompt", "invalid_token") else "max_tokens"
             return ApiError(400, str(err), param=param, code=err.code)
@@ -49,27 +53,48 @@ def _params_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(SamplingParams)}
 
 
-def _structured_fields(request: ChatRequest, fields: set[str]) -> dict[str, Any]:
-    """Pass ``response_format`` to the engine's constrained decoding, or refuse clearly."""
+def _structured_fields(
+    request: ChatRequest, fields: set[str], chat_template: str | None
+) -> dict[str, Any]:
+    """``response_format`` or ``tool_choice`` as the engine's constrained decoding.
+
+    With tools offered (and tool_choice not "none"), decoding is held to text or calls in
+    the model's own format whose names are offered and whose arguments fit; "required"
+    and a named function demand a call. Refused clearly where the engine has no grammars.
+    """
     fmt = request.response_format
-    if fmt.type == "json_object" and "json_object" in fields:
-        return {"json_object": True}
-    if fmt.type == "json_schema" and "json_schema" in fields:
-        return {"json_schema": fmt.schema}
-    if fmt.type == "text":
+    tools = request.template_tools
+    if fmt.type == "text" and not tools:
         return {}
-    raise ApiError(
-        400,
-        f"response_format {fmt.type} is not supported yet: this engine has no constrained decoding",
-        param="response_format",
-        code="unsupported_response_format",
-    )
+    if "json_schema" not in fields:
+        raise ApiError(
+            400,
+            f"response_format {fmt.type} is not supported: this engine has no constrained decoding",
+            param="response_format",
+            code="unsupported_response_format",
+        )
+    if fmt.type == "json_object":
+        return {"json_object": True}
+    if fmt.type == "json_schema":
+        return {"json_schema": fmt.schema}
+    from paged_llm.engine.tool_grammar import detect_tool_call_format, tool_call_structural_tag
+
+    assert tools is not None
+    style = detect_tool_call_format(chat_template)
+    return {"structural_tag": tool_call_structural_tag(tools, style, request.tool_choice)}
 
 
 def sampling_params(
-    request: GenerationRequest, prompt_len: int, limit: int, default_max: int | None
+    request: GenerationRequest,
+    prompt_len: int,
+    limit: int,
+    default_max: int | None,
+    chat_template: str | None = None,
 ) -> SamplingParams:
-    """SamplingParams for ``request``; the default max_tokens fills the context left."""
+    """SamplingParams for ``request``; the default max_tokens fills the context left.
+
+    ``chat_template`` tells the model's tool-call format (Hermes when it shows none).
+    """
     from paged_llm.engine.errors import InvalidSamplingParams
     from paged_llm.engine.sequence import SamplingParams
 
@@ -98,7 +123,7 @@ def sampling_params(
         elif value != neutral:
             raise bad_field(name, "is not supported yet by this engine")
     if isinstance(request, ChatRequest):
-        extra.update(_structured_fields(request, fields))
+        extra.update(_structured_fields(request, fields, chat_template))
     try:
         return SamplingParams(
             temperature=request.temperature,

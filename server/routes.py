@@ -87,7 +87,8 @@ async def _prepare(
     _check_model(host, body.model)
     host.engine  # noqa: B018  # 503 while loading, before any work
     ids = await tokenize(host, body)
-    params = sampling_params(body, len(ids), host.max_request_tokens, default_max)
+    template = getattr(host.engine.engine.tokenizer, "chat_template", None)
+    params = sampling_params(body, len(ids), host.max_request_tokens, default_max, template)
     return host, ids, params
 
 

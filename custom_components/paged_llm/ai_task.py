@@ -47,8 +47,11 @@ def _json_candidates(text: str) -> list[str]:
     return candidates
 
 
-def parse_structured_output(text: str, structure: probatio.Schema) -> Any:
-    """Parse the model's JSON answer and validate it against the task's structure."""
+def parse_structured_output(text: str, structure: probatio.Schema, cut_off: bool = False) -> Any:
+    """Parse the model's JSON answer and validate it against the task's structure.
+
+    ``cut_off``: the answer ended at max_tokens; if it does not parse, say so.
+    """
     excerpt = text.strip()[:_EXCERPT]
     for candidate in _json_candidates(text):
         try:
@@ -59,7 +62,9 @@ def parse_structured_output(text: str, structure: probatio.Schema) -> Any:
     else:
         raise HomeAssistantError(
             translation_domain=DOMAIN,
-            translation_key="structured_output_not_json",
+            translation_key="structured_output_cut_off"
+            if cut_off
+            else "structured_output_not_json",
             translation_placeholders={"output": excerpt},
         )
     try:
@@ -84,8 +89,8 @@ class PagedLLMTaskEntity(ai_task.AITaskEntity, PagedLLMBaseLLMEntity):
         task: ai_task.GenDataTask,
         chat_log: conversation.ChatLog,
     ) -> ai_task.GenDataTaskResult:
-        """Run the task; with a structure, ask for JSON and check it."""
-        await self._async_handle_chat_log(chat_log, task.structure)
+        """Run the task; with a structure, decode JSON of its schema and check it."""
+        finish = await self._async_handle_chat_log(chat_log, task.structure)
         last = chat_log.content[-1]
         if not isinstance(last, conversation.AssistantContent):
             raise HomeAssistantError(
@@ -95,7 +100,7 @@ class PagedLLMTaskEntity(ai_task.AITaskEntity, PagedLLMBaseLLMEntity):
         if not task.structure:
             return ai_task.GenDataTaskResult(conversation_id=chat_log.conversation_id, data=text)
         try:
-            data = parse_structured_output(text, task.structure)
+            data = parse_structured_output(text, task.structure, cut_off=finish == "length")
         except HomeAssistantError:
             LOGGER.warning("Task %s: the answer is not valid structured data: %s", task.name, text)
             raise

@@ -22,6 +22,9 @@ class Sampling:
     seed: int | None = None
     # OpenAI's response_format, for backends that enforce one.
     response_format: dict[str, Any] | None = None
+    # Tools (OpenAI function format) whose calls decoding is held to, where the backend
+    # enforces it: text, or calls in the model's own format that fit these tools.
+    tool_grammar: list[dict[str, Any]] | None = None
 
 
 @dataclass(slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from paged_llm.engine.async_engine import AsyncEngine
     from paged_llm.engine.config import EngineConfig
     from paged_llm.engine.errors import EngineError
+    from paged_llm.engine.sequence import SamplingParams
 
 # Rejections caused by what the caller asked for, as opposed to the engine's state.
 _CALLER_REJECTIONS = frozenset(
@@ -311,6 +313,7 @@ class EmbeddedBackend:
                 seed=sampling.seed,
                 stop=() if templated else PLAIN_STOP,
             )
+            params = await self._constrain(params, sampling)
             async for out in self.engine.generate(prompt, params, priority, tools=tools):
                 yield Delta(
                     text=out.text,
@@ -323,6 +326,39 @@ class EmbeddedBackend:
         except EngineError as err:
             crashed = isinstance(err, EngineDeadError) and self.engine.error is not None
             raise backend_error(err, restart=crashed) from err
+
+    async def _constrain(self, params: SamplingParams, sampling: Sampling) -> SamplingParams:
+        """Hold decoding to the response format, or to text-or-calls of the offered tools.
+
+        A schema the grammar library cannot handle must not fail the request: the answer
+        is then generated freely (and an AI task's answer is still checked).
+        """
+        from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
+        from paged_llm.engine.tool_grammar import (
+            detect_tool_call_format,
+            tool_call_structural_tag,
+        )
+
+        response_format = sampling.response_format or {}
+        constraint: dict[str, Any] = {}
+        if response_format.get("type") == "json_schema":
+            constraint["json_schema"] = response_format["json_schema"]["schema"]
+        elif response_format.get("type") == "json_object":
+            constraint["json_object"] = True
+        elif sampling.tool_grammar:
+            # A template that knows no tools gets the Hermes instructions in the prompt.
+            template = chat_template(self._tokenizer()) if self.native_tools else None
+            style = detect_tool_call_format(template)
+            constraint["structural_tag"] = tool_call_structural_tag(sampling.tool_grammar, style)
+        if not constraint:
+            return params
+        try:
+            constrained = dataclasses.replace(params, **constraint)
+            await self._executor(self.engine.engine.structured.compile, constrained)
+        except (InvalidSamplingParams, RequestRejected, ValueError) as err:
+            LOGGER.warning("Decoding is not constrained: %s", err)
+            return params
+        return constrained
 
     def metrics(self) -> MetricsSnapshot:
         """The engine's latest snapshot."""

@@ -24,7 +24,13 @@ from .const import (
     DOMAIN,
     MAX_TOOL_ITERATIONS,
 )
-from .prompt import build_messages, format_tool, json_schema_instruction, trim_history
+from .prompt import (
+    build_messages,
+    format_tool,
+    json_schema_instruction,
+    structure_schema,
+    trim_history,
+)
 from .reasoning import ThinkSplitter
 from .runtime import PagedLLMConfigEntry, ha_error
 from .tool_calls import ToolCallStream
@@ -91,8 +97,13 @@ class PagedLLMBaseLLMEntity(Entity):
         self,
         chat_log: conversation.ChatLog,
         structure: probatio.Schema | None = None,
-    ) -> None:
-        """Answer the chat log, running tool calls until the model answers in words."""
+    ) -> str | None:
+        """Answer the chat log, running tool calls until the model answers in words.
+
+        Decoding is held to the structure's JSON schema (``response_format``), or, with
+        tools, to text or calls of the offered tools, where the backend enforces it.
+        Returns why the last answer ended (``"length"``: cut off at max_tokens).
+        """
         settings = dict(self.subentry.data)
         try:
             native_tools = self.entry.runtime_data.backend.native_tools
@@ -106,9 +117,18 @@ class PagedLLMBaseLLMEntity(Entity):
             serializer = chat_log.llm_api.custom_serializer
             tools = [format_tool(tool, serializer) for tool in chat_log.llm_api.tools]
             tool_names = {tool.name for tool in chat_log.llm_api.tools}
-        json_instruction = json_schema_instruction(structure, serializer) if structure else None
-        sampling = agent_sampling(settings)
+        sampling = agent_sampling(settings, tool_grammar=tools)
+        json_instruction = None
+        if structure:
+            schema = structure_schema(structure, serializer)
+            json_instruction = json_schema_instruction(schema)
+            if not tools:
+                sampling.response_format = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "structure", "schema": schema, "strict": True},
+                }
         max_history = int(settings.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
+        finish: list[str | None] = [None]
 
         for _iteration in range(MAX_TOOL_ITERATIONS):
             messages = build_messages(
@@ -119,12 +139,13 @@ class PagedLLMBaseLLMEntity(Entity):
             )
             parser = ToolCallStream(tool_names) if tools else None
             stream = self._async_stream(
-                chat_log, messages, sampling, tools if native_tools else None, parser
+                chat_log, messages, sampling, tools if native_tools else None, parser, finish
             )
             async for _content in chat_log.async_add_delta_content_stream(self.entity_id, stream):
                 pass
             if not chat_log.unresponded_tool_results:
                 break
+        return finish[0]
 
     async def _async_stream(
         self,
@@ -133,8 +154,9 @@ class PagedLLMBaseLLMEntity(Entity):
         sampling: Sampling,
         native_tools: list[dict[str, Any]] | None,
         parser: ToolCallStream | None,
+        finish: list[str | None],
     ) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
-        """Stream one model answer as chat-log deltas, tool calls last."""
+        """Stream one answer as chat-log deltas, tool calls last; ``finish[0]``: why it ended."""
         yield {"role": "assistant"}
         last = None
         calls: list[llm.ToolInput] = []
@@ -155,6 +177,7 @@ class PagedLLMBaseLLMEntity(Entity):
             if text:
                 yield {"content": text}
         if last is not None:
+            finish[0] = last.finish_reason
             chat_log.async_trace(
                 {
                     "stats": {

@@ -67,15 +67,20 @@ def format_tool(tool: llm.Tool, custom_serializer: Callable[[Any], Any] | None) 
     return {"type": "function", "function": spec}
 
 
-def json_schema_instruction(
+def structure_schema(
     structure: probatio.Schema, custom_serializer: Callable[[Any], Any] | None
-) -> str:
-    """The instruction that asks for JSON matching an AI task's structure."""
-    schema = probatio.to_openapi(
+) -> dict[str, Any]:
+    """The JSON schema of an AI task's structure, converted the way Home Assistant does it."""
+    schema: dict[str, Any] = probatio.to_openapi(
         structure,
         custom_serializer=custom_serializer or llm.selector_serializer,
         openapi_version="3.1.0",
     )
+    return schema
+
+
+def json_schema_instruction(schema: dict[str, Any]) -> str:
+    """The instruction that asks for JSON matching an AI task's schema."""
     return JSON_INSTRUCTION.format(schema=json.dumps(schema))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 from unittest.mock import patch
@@ -70,11 +71,14 @@ async def test_structure_that_the_model_does_not_follow_fails_clearly(
     engine = init_integration.runtime_data.backend.engine
     real_generate = engine.generate
 
+    params: list[Any] = []
+
     def observed(prompt: Any, *args: Any, **kwargs: Any) -> Any:
         prompts.append(prompt)
+        params.append(args[0])
         return real_generate(prompt, *args, **kwargs)
 
-    # A random model answers gibberish, never the JSON asked for.
+    # Held to the schema, a random model still writes a long name and runs out of tokens.
     with (
         patch.object(engine, "generate", observed),
         pytest.raises(HomeAssistantError) as err,
@@ -87,8 +91,12 @@ async def test_structure_that_the_model_does_not_follow_fails_clearly(
             structure=STRUCTURE,
         )
     assert err.value.translation_domain == DOMAIN
-    assert err.value.translation_key in {"structured_output_not_json", "structured_output_invalid"}
-    assert "The model" in str(err.value)
+    assert err.value.translation_key == "structured_output_cut_off"
+    assert "cut off" in str(err.value)
+    # Decoding was held to the structure's JSON schema, converted by Home Assistant's converter.
+    schema = json.loads(params[0].json_schema)
+    assert schema["required"] == ["name", "count"]
+    assert schema["properties"]["count"]["minimum"] == 0
     # The request asked for JSON of this structure.
     last_user = prompts[0][-1]["content"]
     assert "JSON schema" in last_user

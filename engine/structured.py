@@ -1,0 +1,187 @@
+"""Structured output: JSON schemas, regexes, grammars and tool-call tags enforced while decoding."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import RequestRejected
+from .sequence import SamplingParams, Sequence
+
+# Cached compiled grammars, by (field, text); schemas repeat (an AI task, a tool list).
+_CACHE_LIMIT = 256
+
+
+def _require_xgrammar() -> Any:
+    """The xgrammar module, imported on first use (it takes a second or two)."""
+    try:
+        return importlib.import_module("xgrammar")
+    except ImportError as err:
+        raise RequestRejected(
+            "structured_output_unavailable",
+            f"structured output needs the xgrammar package (pip install xgrammar): {err}",
+        ) from err
+
+
+@dataclass(slots=True)
+class _Tracker:
+    """A request's matcher and how many of its output tokens the matcher has consumed."""
+
+    matcher: Any
+    num_accepted: int = 0
+
+
+class StructuredOutput:
+    """Compiles each grammar once, keeps a matcher per constrained request, masks logits.
+
+    Compiling is thread-safe, so a caller can compile ahead on a worker thread and the
+    engine thread then finds the grammar in the cache. The matcher is kept in step with
+    the sequence's output tokens before every mask: tokens a matcher has not seen are
+    replayed and surplus ones rolled back, so preemption (recompute keeps the output
+    tokens) and any skipped step cannot leave it out of step.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
+        """Remember the tokenizer; the xgrammar vocabulary is built on first use."""
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._stop_token_ids = list(stop_token_ids)
+        self._lock = threading.Lock()
+        self._compiler: Any = None
+        self._cache: dict[tuple[str, str], Any] = {}
+        self._trackers: dict[str, _Tracker] = {}
+        self._bitmask: torch.Tensor | None = None
+        self._batch: Any = None
+        # Seconds the last step spent filling and applying masks (benchmarks read it).
+        self.last_mask_s = 0.0
+
+    def _get_compiler(self) -> Any:
+        """The grammar compiler over this model's vocabulary (built once, under the lock)."""
+        xg = _require_xgrammar()
+        if self._compiler is None:
+            info = xg.TokenizerInfo.from_huggingface(
+                self._tokenizer,
+                vocab_size=self.vocab_size,
+                stop_token_ids=self._stop_token_ids or None,
+            )
+            self._compiler = xg.GrammarCompiler(info, max_threads=2)
+        return self._compiler
+
+    def compile(self, params: SamplingParams) -> Any:
+        """The compiled grammar for ``params`` (None when free); RequestRejected if it fails."""
+        spec = params.structured
+        if spec is None:
+            return None
+        with self._lock:
+            compiled = self._cache.get(spec)
+            if compiled is not None:
+                return compiled
+            compiler = self._get_compiler()
+        field, text = spec
+        try:
+            compiled = _compile(compiler, field, text)
+        except (RuntimeError, ValueError, TypeError) as err:
+            raise RequestRejected(
+                "invalid_structured_output", f"{field} cannot be enforced: {err}"
+            ) from err
+        with self._lock:
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[spec] = compiled
+        return compiled
+
+    def add(self, seq: Sequence) -> None:
+        """Start a matcher for a constrained request (compiling its grammar if needed)."""
+        compiled = self.compile(seq.params)
+        if compiled is None:
+            return
+        xg = _require_xgrammar()
+        self._trackers[seq.request_id] = _Tracker(xg.GrammarMatcher(compiled))
+
+    def is_constrained(self, request_id: str) -> bool:
+        """Whether the request decodes under a grammar."""
+        return request_id in self._trackers
+
+    def release(self, request_id: str) -> None:
+        """Drop a finished request's matcher."""
+        self._trackers.pop(request_id, None)
+
+    def sync(self, seq: Sequence) -> bool:
+        """Bring the matcher to the sequence's output; False if a token breaks the grammar."""
+        tracker = self._trackers.get(seq.request_id)
+        if tracker is None:
+            return True
+        output = seq.output_token_ids
+        matcher = tracker.matcher
+        if tracker.num_accepted > len(output):
+            matcher.rollback(tracker.num_accepted - len(output))
+            tracker.num_accepted = len(output)
+        for token in output[tracker.num_accepted :]:
+            if not matcher.accept_token(token):
+                return False
+            tracker.num_accepted += 1
+        return True
+
+    def is_terminated(self, request_id: str) -> bool:
+        """Whether the request's grammar has accepted its end (nothing more may follow)."""
+        tracker = self._trackers.get(request_id)
+        return tracker is not None and bool(tracker.matcher.is_terminated())
+
+    def apply(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Mask, in place, every constrained row of ``logits`` to the tokens its grammar allows.
+
+        Row ``i`` belongs to ``seqs[i]``; free rows are left untouched.
+        """
+        rows = [i for i, seq in enumerate(seqs) if seq.request_id in self._trackers]
+        if not rows:
+            self.last_mask_s = 0.0
+            return
+        started = time.perf_counter()
+        xg = _require_xgrammar()
+        bitmask = self._bitmask
+        if bitmask is None or bitmask.shape[0] < len(seqs):
+            bitmask = xg.allocate_token_bitmask(max(len(seqs), 8), self.vocab_size)
+            self._bitmask = bitmask
+        matchers = []
+        for i in rows:
+            seq = seqs[i]
+            self.sync(seq)  # the engine syncs after each step; this covers any other caller
+            matchers.append(self._trackers[seq.request_id].matcher)
+        if self._batch is None:
+            self._batch = xg.BatchGrammarMatcher(max_threads=2)
+        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+        mask = bitmask[: len(seqs)]
+        if logits.device.type != "cpu":
+            mask = mask.to(logits.device, non_blocking=True)
+        if logits.device.type == "cpu" and logits.dtype != torch.float32:
+            # The CPU kernel handles float32 only; the rows are few, so copy.
+            masked = logits.float()
+            xg.apply_token_bitmask_inplace(masked, mask, vocab_size=self.vocab_size, indices=rows)
+            logits.copy_(masked)
+        else:
+            xg.apply_token_bitmask_inplace(logits, mask, vocab_size=self.vocab_size, indices=rows)
+        self.last_mask_s = time.perf_counter() - started
+
+
+def _compile(compiler: Any, field: str, text: str) -> Any:
+    """Compile one constraint; xgrammar raises on a schema or grammar it cannot handle."""
+    if field == "json_schema":
+        # Compact JSON without free whitespace: small models otherwise drift into endless
+        # newlines inside an object until max_tokens.
+        return compiler.compile_json_schema(text, any_whitespace=False, strict_mode=True)
+    if field == "json_object":
+        return compiler.compile_json_schema(
+            '{"type": "object"}', any_whitespace=False, strict_mode=False
+        )
+    if field == "regex":
+        return compiler.compile_regex(text)
+    if field == "grammar":
+        return compiler.compile_grammar(text)
+    if field == "structural_tag":
+        return compiler.compile_structural_tag(text)
+    raise ValueError(f"unknown structured output field {field!r}")

@@ -1,0 +1,95 @@
+"""Tool-call structural tags: formats by template, tool_choice, and what the grammar admits."""
+
+from __future__ import annotations
+
+import pytest
+import xgrammar as xgr
+
+from paged_llm.engine.errors import RequestRejected
+from paged_llm.engine.sequence import SamplingParams
+from paged_llm.engine.tool_grammar import (
+    ToolCallFormat,
+    detect_tool_call_format,
+    tool_call_structural_tag,
+)
+
+from support import make_engine
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "HassTurnOn",
+            "parameters": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}},
+                "required": ["name"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "GetLiveContext"}},
+]
+
+
+@pytest.mark.parametrize(
+    ("template", "fmt"),
+    [
+        (None, ToolCallFormat.HERMES),
+        ("{{ '<tool_call>' }}", ToolCallFormat.HERMES),
+        ("{{ '[TOOL_CALLS]' }}", ToolCallFormat.MISTRAL),
+        ("{{ '<|python_tag|>' }}", ToolCallFormat.LLAMA3),
+        ("{{ messages }}", ToolCallFormat.HERMES),
+    ],
+)
+def test_format_follows_the_chat_template(template, fmt) -> None:
+    assert detect_tool_call_format(template) is fmt
+
+
+def test_tool_choice_shapes_the_tag() -> None:
+    assert tool_call_structural_tag(TOOLS, tool_choice="none") is None
+    assert tool_call_structural_tag([], tool_choice="auto") is None
+    auto = tool_call_structural_tag(TOOLS)
+    assert auto is not None
+    assert [t["begin"] for t in auto["format"]["tags"]] == [
+        '<tool_call>\n{"name": "HassTurnOn", "arguments": ',
+        '<tool_call>\n{"name": "GetLiveContext", "arguments": ',
+    ]
+    assert auto["format"]["tags"][1]["content"]["json_schema"] == {"type": "object"}
+    assert not auto["format"]["at_least_one"]
+    required = tool_call_structural_tag(TOOLS, ToolCallFormat.LLAMA3, "required")
+    assert required is not None
+    assert required["format"]["at_least_one"]
+    assert required["format"]["stop_after_first"]
+    named = tool_call_structural_tag(
+        TOOLS, ToolCallFormat.MISTRAL, {"type": "function", "function": {"name": "HassTurnOn"}}
+    )
+    assert named is not None
+    assert [t["begin"] for t in named["format"]["tags"]] == [
+        '[TOOL_CALLS][{"name": "HassTurnOn", "arguments": '
+    ]
+    with pytest.raises(ValueError, match="tool_choice names 'Nope'"):
+        tool_call_structural_tag(TOOLS, tool_choice={"function": {"name": "Nope"}})
+    with pytest.raises(ValueError, match="tool_choice must be"):
+        tool_call_structural_tag(TOOLS, tool_choice="sometimes")
+    with pytest.raises(ValueError, match="tools: every tool needs a function name"):
+        tool_call_structural_tag([{"type": "function", "function": {}}])
+
+
+def test_the_grammar_admits_text_then_only_offered_calls() -> None:
+    engine = make_engine(vocab_size=49152)
+    tag = tool_call_structural_tag(TOOLS)
+    compiled = engine.structured.compile(SamplingParams(structural_tag=tag))
+
+    def admits(text: str) -> bool:
+        matcher = xgr.GrammarMatcher(compiled)
+        return matcher.accept_string(text)
+
+    assert admits("Sure, turning it on. ")
+    assert admits(
+        '<tool_call>\n{"name": "HassTurnOn", "arguments": {"name": "lamp"}}\n</tool_call>'
+    )
+    assert not admits('<tool_call>\n{"name": "Unknown"')
+    assert not admits('<tool_call>\n{"name": "HassTurnOn", "arguments": {"name": 5')
+    assert not admits('<tool_call>\n{"name": "HassTurnOn", "arguments": {"other"')
+    with pytest.raises(RequestRejected, match=r"^structural_tag cannot be enforced"):
+        engine.add_request([5, 6], SamplingParams(structural_tag={"format": {"type": "x"}}))
