@@ -10,14 +10,14 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .config import EngineConfig
 from .errors import EngineDeadError
 from .llm_engine import LLMEngine, Prompt
 from .loader import LoadedModel, load_model
-from .metrics import MetricsSnapshot
+from .metrics import EngineState, MetricsSnapshot
 from .outputs import RequestOutput
 from .sequence import Priority, SamplingParams
 
@@ -88,6 +88,7 @@ class AsyncEngine:
     async def start(self) -> None:
         """Load the model and pool off the event loop, then start the stepping thread."""
         loop = asyncio.get_running_loop()
+        self._snapshot = MetricsSnapshot(engine_state=EngineState.LOADING)
         self._engine = await loop.run_in_executor(None, self._build)
         self._snapshot = self._engine.metrics()
         self._thread = threading.Thread(target=self._run, name="paged-llm-engine", daemon=True)
@@ -110,6 +111,14 @@ class AsyncEngine:
         engine, self._engine = self._engine, None
         if engine is not None:
             await asyncio.get_running_loop().run_in_executor(None, engine.close)
+        self._snapshot = replace(
+            self._snapshot,
+            engine_state=EngineState.UNLOADED,
+            num_requests_running=0,
+            num_requests_waiting=0,
+            generation_throughput=0.0,
+            prompt_throughput=0.0,
+        )
 
     @property
     def is_running(self) -> bool:
@@ -231,7 +240,8 @@ class AsyncEngine:
                     # Going idle refreshes the readable figures at once; pushes keep to the
                     # rate limit. While idle the throughput window still drains, so keep
                     # refreshing until it reads 0.
-                    if dirty or self._snapshot.generation_throughput > 0:
+                    snap = self._snapshot
+                    if dirty or snap.generation_throughput > 0 or snap.prompt_throughput > 0:
                         self._snapshot = engine.metrics()
                         dirty, unpublished = False, True
                     wait = PUBLISH_INTERVAL_S
@@ -258,6 +268,7 @@ class AsyncEngine:
         except BaseException as err:
             _LOGGER.exception("The engine's step loop crashed")
             self._error = err
+            self._snapshot = replace(self._snapshot, engine_state=EngineState.UNLOADED)
             self._fail_all(EngineDeadError(f"the engine failed: {err}"))
 
     def _drain(self, engine: LLMEngine) -> None:

@@ -13,6 +13,7 @@ from transformers import AttentionInterface
 from paged_llm.kernels import paged_attention, store_kv
 
 from .loader import LoadedModel
+from .penalties import apply_penalties
 from .sampler import Sampler
 from .scheduler import SchedulerOutput
 
@@ -174,6 +175,7 @@ class ModelRunner:
             if not sample_rows:
                 return {}
             seqs = [chunks[i].seq for i in sample_rows]
+            logits = apply_penalties(logits, seqs)
             tokens = self.sampler.sample(logits, seqs)
         return {seq.request_id: tok for seq, tok in zip(seqs, tokens, strict=True)}
 

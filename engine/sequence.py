@@ -65,6 +65,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         """Reject values that would make sampling undefined."""
@@ -99,8 +102,26 @@ class SamplingParams:
             raise InvalidSamplingParams(
                 f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}"
             )
+        self._check_penalties()
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    def _check_penalties(self) -> None:
+        """Reject penalties outside the ranges vLLM and OpenAI accept, naming the field."""
+        for name in ("repetition_penalty", "frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidSamplingParams(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise InvalidSamplingParams(f"{name} must be finite, got {value}")
+        if self.repetition_penalty <= 0:
+            raise InvalidSamplingParams(
+                f"repetition_penalty must be > 0 (1 turns it off), got {self.repetition_penalty}"
+            )
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -2 <= value <= 2:
+                raise InvalidSamplingParams(f"{name} must be in [-2, 2], got {value}")
 
     @property
     def greedy(self) -> bool:
