@@ -64,6 +64,7 @@ from .const import (
     SUBENTRY_AI_TASK,
     SUBENTRY_CONVERSATION,
 )
+from .prompt import DEFAULT_INSTRUCTIONS
 from .runtime import (
     async_import_engine,
     engine_config,
@@ -79,7 +80,7 @@ if TYPE_CHECKING:
 
 BUNDLED_LABEL = "SmolLM2 135M Instruct (bundled, works offline)"
 RECOMMENDED_CONVERSATION_OPTIONS: dict[str, Any] = {
-    CONF_PROMPT: llm.DEFAULT_INSTRUCTIONS_PROMPT,
+    CONF_PROMPT: DEFAULT_INSTRUCTIONS,
     CONF_MAX_TOKENS: DEFAULT_MAX_TOKENS,
     CONF_TEMPERATURE: DEFAULT_TEMPERATURE,
     CONF_MAX_HISTORY: DEFAULT_MAX_HISTORY,
@@ -416,9 +417,7 @@ def agent_option_schema(
             {
                 probatio.Optional(
                     CONF_PROMPT,
-                    description={
-                        "suggested_value": options.get(CONF_PROMPT, llm.DEFAULT_INSTRUCTIONS_PROMPT)
-                    },
+                    description={"suggested_value": options.get(CONF_PROMPT, DEFAULT_INSTRUCTIONS)},
                 ): TemplateSelector(),
                 probatio.Optional(
                     CONF_LLM_HASS_API, description={"suggested_value": selected}
