@@ -85,18 +85,21 @@ class AsyncEngine:
 
     # Life cycle -------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Load the model and pool off the event loop, then start the stepping thread."""
+    async def start(self, progress: Callable[[float], None] | None = None) -> None:
+        """Load the model and pool off the event loop, then start the stepping thread.
+
+        ``progress`` is called from a worker thread with the done fraction of a conversion.
+        """
         loop = asyncio.get_running_loop()
         self._snapshot = MetricsSnapshot(engine_state=EngineState.LOADING)
-        self._engine = await loop.run_in_executor(None, self._build)
+        self._engine = await loop.run_in_executor(None, self._build, progress)
         self._snapshot = self._engine.metrics()
         self._thread = threading.Thread(target=self._run, name="paged-llm-engine", daemon=True)
         self._thread.start()
 
-    def _build(self) -> LLMEngine:
+    def _build(self, progress: Callable[[float], None] | None = None) -> LLMEngine:
         """Blocking part of start: load weights, size and allocate the KV pool."""
-        loaded = self._loaded if self._loaded is not None else load_model(self.config)
+        loaded = self._loaded if self._loaded is not None else load_model(self.config, progress)
         self._loaded = None
         return LLMEngine(loaded, self.config)
 
