@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +23,14 @@ from .const import (
     ATTR_PATH,
     ATTR_PRIORITY,
     ATTR_PROMPT,
+    ATTR_REPETITION_PENALTY,
     ATTR_SYSTEM_PROMPT,
     ATTR_TEMPERATURE,
     ATTR_TEXT,
     DEFAULT_MAX_TOKENS,
     DEFAULT_SERVICE_PRIORITY,
     DEFAULT_SUMMARY_MAX_TOKENS,
+    DEFAULT_SUMMARY_REPETITION_PENALTY,
     DEFAULT_TEMPERATURE,
     DOMAIN,
     LOGGER,
@@ -39,6 +42,7 @@ from .const import (
     SERVICE_SUMMARIZE,
     SUMMARY_CHUNK_CONCURRENCY,
     SUMMARY_COMBINE_PROMPT,
+    SUMMARY_PART_MAX_TOKENS,
     SUMMARY_PROMPT,
 )
 from .entity import sampling_params
@@ -77,6 +81,9 @@ SUMMARIZE_SCHEMA = probatio.Schema(
         probatio.Optional(ATTR_TEMPERATURE, default=0.0): probatio.All(
             probatio.Coerce(float), probatio.Range(min=0, max=2)
         ),
+        probatio.Optional(
+            ATTR_REPETITION_PENALTY, default=DEFAULT_SUMMARY_REPETITION_PENALTY
+        ): probatio.All(probatio.Coerce(float), probatio.Range(min=1, max=2)),
     }
 )
 
@@ -195,10 +202,17 @@ class Summarizer:
         self.hass = hass
         self.engine = engine
         self.params = params
+        # Parts summarise pieces of the text; only the final summary is held to max_tokens.
+        # A part may use an eighth of the context, so a piece still leaves room for text.
+        part_tokens = min(SUMMARY_PART_MAX_TOKENS, engine.engine.max_model_len // 8)
+        self.part_params = replace(params, max_tokens=part_tokens)
+        self.reserve = max(params.max_tokens, part_tokens)
         self.chunks = 0
         self.requests = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.parts: list[Completion] = []
+        self.final: Completion | None = None
         self._slots = asyncio.Semaphore(SUMMARY_CHUNK_CONCURRENCY)
 
     def _messages(self, instruction: str, text: str) -> list[dict[str, Any]]:
@@ -210,11 +224,11 @@ class Summarizer:
         llm_engine = self.engine.engine
         tokenizer = llm_engine.tokenizer
         overhead = len(llm_engine.tokenize(_prompt(self.engine, self._messages(instruction, "."))))
-        budget = llm_engine.max_model_len - self.params.max_tokens - overhead - 8
+        budget = llm_engine.max_model_len - self.reserve - overhead - 8
         ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) <= budget:
             return [text]
-        if budget < 4 * self.params.max_tokens:
+        if budget < 4 * self.reserve:
             # Each round of merging must at least halve the text, or it would never end.
             raise ServiceValidationError(
                 translation_domain=DOMAIN,
@@ -226,28 +240,39 @@ class Summarizer:
             )
         return [tokenizer.decode(ids[i : i + budget]) for i in range(0, len(ids), budget)]
 
-    async def _summarize_piece(self, instruction: str, text: str) -> str:
+    async def _summarize_piece(
+        self, instruction: str, text: str, params: SamplingParams
+    ) -> Completion:
         """Summarise one piece that fits the context."""
         async with self._slots:
             done = await async_complete(
-                self.engine, self._messages(instruction, text), self.params, PRIORITY_SUMMARY
+                self.engine, self._messages(instruction, text), params, PRIORITY_SUMMARY
             )
         self.requests += 1
         self.prompt_tokens += done.prompt_tokens
         self.completion_tokens += done.completion_tokens
-        return done.text
+        return done
 
     async def async_summarize(self, text: str, instruction: str = SUMMARY_PROMPT) -> str:
         """Summarise ``text``, splitting and merging as often as its length needs."""
         pieces = await self.hass.async_add_executor_job(self._split, instruction, text)
         self.chunks = self.chunks or len(pieces)
         if len(pieces) == 1:
-            return await self._summarize_piece(instruction, pieces[0])
+            self.final = await self._summarize_piece(instruction, pieces[0], self.params)
+            return self.final.text
         partial = await asyncio.gather(
-            *(self._summarize_piece(SUMMARY_PROMPT, piece) for piece in pieces)
+            *(self._summarize_piece(SUMMARY_PROMPT, piece, self.part_params) for piece in pieces)
         )
+        self.parts.extend(partial)
         # Every round at least halves the text (see _split), so this recursion is shallow.
-        return await self.async_summarize("\n\n".join(partial), SUMMARY_COMBINE_PROMPT)
+        merged = "\n\n".join(done.text for done in partial)
+        return await self.async_summarize(merged, SUMMARY_COMBINE_PROMPT)
+
+    @property
+    def truncated(self) -> bool:
+        """Whether any request stopped at its token limit rather than by itself."""
+        done = [*self.parts, *([self.final] if self.final else [])]
+        return any(d.finish_reason == "length" for d in done)
 
 
 async def _async_generate(call: ServiceCall) -> ServiceResponse:
@@ -296,16 +321,30 @@ async def _async_summarize(call: ServiceCall) -> ServiceResponse:
         {},
         max_tokens=call.data[ATTR_MAX_TOKENS],
         temperature=call.data[ATTR_TEMPERATURE],
+        repetition_penalty=call.data[ATTR_REPETITION_PENALTY],
         stop=() if chat_template(engine.engine.tokenizer) is not None else PLAIN_STOP,
     )
+    started = time.monotonic()
     summarizer = Summarizer(hass, engine, params)
     summary = await summarizer.async_summarize(text)
+    final = summarizer.final
     return {
         "summary": summary,
+        "finish_reason": final.finish_reason if final else None,
+        "truncated": summarizer.truncated,
+        "elapsed_seconds": round(time.monotonic() - started, 3),
         "chunks": summarizer.chunks,
         "requests": summarizer.requests,
         "prompt_tokens": summarizer.prompt_tokens,
         "completion_tokens": summarizer.completion_tokens,
+        "parts": [
+            {
+                "finish_reason": part.finish_reason,
+                "prompt_tokens": part.prompt_tokens,
+                "completion_tokens": part.completion_tokens,
+            }
+            for part in summarizer.parts
+        ],
     }
 
 
