@@ -17,7 +17,7 @@ from homeassistant.core import HomeAssistant
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 from homeassistant.helpers.update_coordinator import CoordinatorEntity, DataUpdateCoordinator
 
-from paged_llm.engine.metrics import EngineState, MetricsSnapshot, Percentiles
+from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot, Percentiles
 
 from .entity import engine_device_info
 from .runtime import PagedLLMConfigEntry
@@ -199,22 +199,25 @@ class PagedLLMSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], 
 
     @property
     def available(self) -> bool:
-        """Unavailable once the engine has stopped or crashed (the state sensor stays)."""
+        """Unavailable once the engine has stopped or crashed, or the server is away.
+
+        The state sensor stays available and reads "unloaded" then.
+        """
         if self.entity_description.always_available:
             return super().available
         return super().available and self._engine_running
 
     @property
     def _engine_running(self) -> bool:
-        """Whether the entry's engine still serves requests."""
+        """Whether the entry's engine (or server) still serves requests."""
         data = getattr(self.entry, "runtime_data", None)
-        return data is not None and data.engine.is_running
+        return data is not None and bool(data.backend.available)
 
     @property
     def native_value(self) -> float | int | str | None:
         """The figure from the latest snapshot."""
         if self.entity_description.always_available and not self._engine_running:
-            return EngineState.UNLOADED.value
+            return str(EngineState.UNLOADED)
         return self.entity_description.value_fn(self.coordinator.data)
 
     @property

@@ -28,7 +28,7 @@ def conversation_options() -> dict[str, Any]:
 
 async def _rendered_prompt(hass: HomeAssistant, entry: MockConfigEntry, text: str) -> str:
     """Ask the agent once; return the prompt text the chat template rendered."""
-    engine = entry.runtime_data.engine
+    engine = entry.runtime_data.backend.engine
     seen: list[tuple[Any, Any]] = []
     real_generate = engine.generate
 
@@ -68,7 +68,7 @@ async def test_tool_template_with_an_api_gets_the_time_but_not_the_no_control_se
         entry, subentry, data={**subentry.data, CONF_LLM_HASS_API: ["weather_api"]}
     )
     await hass.async_block_till_done()
-    tokenizer = entry.runtime_data.engine.engine.tokenizer
+    tokenizer = entry.runtime_data.backend.engine.engine.tokenizer
     original = tokenizer.chat_template
     tokenizer.chat_template = TOOL_TEMPLATE
     try:
