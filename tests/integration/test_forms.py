@@ -10,7 +10,7 @@ from unittest.mock import patch
 import pytest
 from homeassistant import config_entries
 from homeassistant.const import CONF_NAME
-from homeassistant.core import Event, HomeAssistant
+from homeassistant.core import Event, HomeAssistant, callback
 from homeassistant.data_entry_flow import EVENT_DATA_ENTRY_FLOW_PROGRESS_UPDATE, FlowResultType
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 from test_config_flow import _user_flow
@@ -53,6 +53,7 @@ async def test_the_load_dialog_receives_the_loaders_progress(
 ) -> None:
     updates: list[float] = []
 
+    @callback
     def on_update(event: Event) -> None:
         updates.append(event.data["progress"])
 
