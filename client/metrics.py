@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from paged_llm.protocol import metrics as names
-from paged_llm.protocol.snapshot import MetricsSnapshot, Percentiles
+from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot, Percentiles
 
 VLLM = "vllm:"
 ENGINE = "paged_llm:"
@@ -122,6 +122,7 @@ class MetricsReader:
         self._latencies: dict[str, dict[str, Percentiles]] = {}
         self._throughput = 0.0
         self.vllm_names = False
+        self._prompt_throughput = 0.0
 
     def read(self, text: str, now: float | None = None) -> MetricsSnapshot:
         """The snapshot of one ``/metrics`` text."""
@@ -133,6 +134,10 @@ class MetricsReader:
         if previous is not None and scrape.time > previous.time:
             delta = generated - _first(previous.values, f"{names.GENERATION_TOKENS}_total")
             self._throughput = max(delta, 0.0) / (scrape.time - previous.time)
+            read = _first(v, "vllm:prompt_tokens_total") - _first(
+                previous.values, "vllm:prompt_tokens_total"
+            )
+            self._prompt_throughput = max(read, 0.0) / (scrape.time - previous.time)
         for name, classes in scrape.histograms.items():
             earlier = previous.histograms.get(name, {}) if previous else {}
             family = self._latencies.setdefault(name, {})
@@ -166,4 +171,15 @@ class MetricsReader:
             request_queue_time_seconds=dict(self._latencies.get(HISTOGRAMS[1], {})),
             e2e_request_latency_seconds=dict(self._latencies.get(HISTOGRAMS[2], {})),
             generation_throughput=self._throughput,
+            prompt_throughput=self._prompt_throughput,
+            engine_state=self._state(v),
         )
+
+    def _state(self, values: dict[str, float]) -> EngineState:
+        """The server's state as far as its counters tell: busy reading, generating or idle."""
+        running = _first(values, "vllm:num_requests_running")
+        if not running and not _first(values, "vllm:num_requests_waiting"):
+            return EngineState.IDLE
+        if self._prompt_throughput > 0 and self._throughput == 0:
+            return EngineState.READING_PROMPTS
+        return EngineState.GENERATING

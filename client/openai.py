@@ -75,6 +75,9 @@ def chat_request(
     tools: Sequence[Mapping[str, Any]] | None = None,
     response_format: Mapping[str, Any] | None = None,
     stream: bool = True,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
 ) -> dict[str, Any]:
     """The body of a chat completion request; fields left at None are not sent."""
     body: dict[str, Any] = {"model": model, "messages": list(messages), "stream": stream}
@@ -90,6 +93,10 @@ def chat_request(
         "stop": list(stop) or None,
         "priority": priority,
         "response_format": dict(response_format) if response_format else None,
+        # Sent only when they do something: not every server knows repetition_penalty.
+        "repetition_penalty": repetition_penalty if repetition_penalty != 1.0 else None,
+        "frequency_penalty": frequency_penalty or None,
+        "presence_penalty": presence_penalty or None,
     }
     body.update({key: value for key, value in optional.items() if value is not None})
     if tools:

@@ -10,14 +10,14 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .config import EngineConfig
 from .errors import EngineDeadError, RequestRejected
 from .llm_engine import LLMEngine, Prompt
 from .loader import LoadedModel, load_model
-from .metrics import MetricsSnapshot
+from .metrics import EngineState, MetricsSnapshot
 from .outputs import RequestOutput
 from .sequence import FinishReason, Priority, SamplingParams
 from .validation import check_params, check_priority, check_prompt, check_request_id, check_tools
@@ -91,17 +91,21 @@ class AsyncEngine:
 
     # Life cycle -------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Load the model and pool off the event loop, then start the stepping thread."""
+    async def start(self, progress: Callable[[float], None] | None = None) -> None:
+        """Load the model and pool off the event loop, then start the stepping thread.
+
+        ``progress`` is called from a worker thread with the done fraction of a conversion.
+        """
         loop = asyncio.get_running_loop()
-        self._engine = await loop.run_in_executor(None, self._build)
+        self._snapshot = MetricsSnapshot(engine_state=EngineState.LOADING)
+        self._engine = await loop.run_in_executor(None, self._build, progress)
         self._snapshot = self._engine.metrics()
         self._thread = threading.Thread(target=self._run, name="paged-llm-engine", daemon=True)
         self._thread.start()
 
-    def _build(self) -> LLMEngine:
+    def _build(self, progress: Callable[[float], None] | None = None) -> LLMEngine:
         """Blocking part of start: load weights, size and allocate the KV pool."""
-        loaded = self._loaded if self._loaded is not None else load_model(self.config)
+        loaded = self._loaded if self._loaded is not None else load_model(self.config, progress)
         self._loaded = None
         return LLMEngine(loaded, self.config)
 
@@ -116,6 +120,14 @@ class AsyncEngine:
         engine, self._engine = self._engine, None
         if engine is not None:
             await asyncio.get_running_loop().run_in_executor(None, engine.close)
+        self._snapshot = replace(
+            self._snapshot,
+            engine_state=EngineState.UNLOADED,
+            num_requests_running=0,
+            num_requests_waiting=0,
+            generation_throughput=0.0,
+            prompt_throughput=0.0,
+        )
 
     @property
     def is_running(self) -> bool:
@@ -275,7 +287,8 @@ class AsyncEngine:
                     # Going idle refreshes the readable figures at once; pushes keep to the
                     # rate limit. While idle the throughput window still drains, so keep
                     # refreshing until it reads 0.
-                    if dirty or self._snapshot.generation_throughput > 0:
+                    snap = self._snapshot
+                    if dirty or snap.generation_throughput > 0 or snap.prompt_throughput > 0:
                         self._snapshot = engine.metrics()
                         dirty, unpublished = False, True
                     wait = PUBLISH_INTERVAL_S
@@ -302,6 +315,7 @@ class AsyncEngine:
         except BaseException as err:
             _LOGGER.exception("The engine's step loop crashed")
             self._error = err
+            self._snapshot = replace(self._snapshot, engine_state=EngineState.UNLOADED)
             self._fail_all(EngineDeadError(f"the engine failed: {err}"))
 
     def _drain(self, engine: LLMEngine) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from .errors import EngineDeadError, RequestRejected
 from .kv_cache_manager import KVCacheManager
 from .kv_pool import plan_kv_pool
 from .loader import LoadedModel, load_model
-from .metrics import MetricsRecorder, MetricsSnapshot
+from .metrics import EngineState, MetricsRecorder, MetricsSnapshot
 from .model_runner import ModelRunner
 from .outputs import RequestOutput, RequestTiming, StepTrace
 from .scheduler import Scheduler
@@ -31,6 +32,8 @@ from .validation import (
     check_token_ids,
     check_tools,
 )
+
+_LOGGER = logging.getLogger(__name__)
 
 Prompt = str | list[dict[str, Any]] | list[int]
 
@@ -72,6 +75,8 @@ class LLMEngine:
         self._next_id = 0
         self._closed = False
         self.trace: list[StepTrace] | None = None
+        # Whether the last step fed prompt tokens (or recomputed a preempted sequence).
+        self._reading_prompts = False
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -177,8 +182,12 @@ class LLMEngine:
             results = self.runner.execute(output, tables)
         by_id = {chunk.seq.request_id: chunk.seq for chunk in output.chunks}
         sampled = {rid: t for rid, t in results.items() if not isinstance(t, Exception)}
+        prompt_tokens = sum(
+            c.num_tokens for c in output.chunks if c.start < c.seq.num_prompt_tokens
+        )
+        self._reading_prompts = prompt_tokens > 0
         self.scheduler.update(output, sampled)
-        self.recorder.record_step(self.clock(), len(sampled))
+        self.recorder.record_step(self.clock(), len(sampled), prompt_tokens)
         outputs = []
         for request_id, token in results.items():
             seq = by_id[request_id]
@@ -273,6 +282,8 @@ class LLMEngine:
         self.runner.release(seq.request_id)
         self.structured.release(seq.request_id)
         self.recorder.record_finished(seq)
+        if _LOGGER.isEnabledFor(logging.DEBUG):
+            _log_finished(seq)
 
     def metrics(self) -> MetricsSnapshot:
         """A consistent snapshot of every figure; call from the thread that steps."""
@@ -302,7 +313,16 @@ class LLMEngine:
             request_queue_time_seconds=queue,
             e2e_request_latency_seconds=e2e,
             generation_throughput=self.recorder.throughput(now),
+            prompt_throughput=self.recorder.prompt_throughput(now),
+            engine_state=self.state,
         )
+
+    @property
+    def state(self) -> EngineState:
+        """Idle, reading prompts (the last step fed prompt tokens) or generating."""
+        if not self.scheduler.has_unfinished():
+            return EngineState.IDLE
+        return EngineState.READING_PROMPTS if self._reading_prompts else EngineState.GENERATING
 
     def close(self) -> None:
         """End every request and free the KV pool; the model goes with the last reference.
@@ -317,3 +337,26 @@ class LLMEngine:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _seconds(start: float | None, end: float | None) -> str:
+    """A duration for the log, or a dash when one end is unknown."""
+    return "-" if start is None or end is None else f"{end - start:.3f} s"
+
+
+def _log_finished(seq: Sequence) -> None:
+    """One debug line per request with what a user needs to see where time went."""
+    _LOGGER.debug(
+        "Request %s (%s) %s: %d prompt tokens (%d cached), %d generated, queue wait %s, "
+        "first token %s, total %s, %d preemptions",
+        seq.request_id,
+        seq.priority.name.lower(),
+        seq.finish_reason or "ended",
+        seq.num_prompt_tokens,
+        seq.num_cached_tokens,
+        seq.num_output_tokens,
+        _seconds(seq.arrival_time, seq.first_scheduled_time),
+        _seconds(seq.arrival_time, seq.first_token_time),
+        _seconds(seq.arrival_time, seq.finished_time),
+        seq.num_preemptions,
+    )

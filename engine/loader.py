@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +99,46 @@ def _gguf_cache_folder(gguf: Path, cache_dir: Path, dtype: torch.dtype) -> Path:
     return cache_dir / f"{gguf.stem}-{digest}"
 
 
-def _load_gguf(gguf: Path, dtype: torch.dtype, cache_dir: Path | None) -> tuple[Any, Any]:
+Progress = Callable[[float], None]
+
+
+def reporting_bar(progress: Progress | None) -> Callable[..., Iterator[Any]]:
+    """A stand-in for tqdm over a sized iterable: draws nothing, reports the done fraction.
+
+    transformers' GGUF conversion draws its own tqdm bar, which would land in Home
+    Assistant's log as one long line; this turns it into calls of ``progress``.
+    """
+
+    def bar(iterable: Iterable[Any], *args: Any, **kwargs: Any) -> Iterator[Any]:
+        items = list(iterable)
+        total = len(items) or 1
+        last = -1
+        for done, item in enumerate(items, 1):
+            yield item
+            percent = done * 100 // total
+            if progress is not None and percent != last:
+                last = percent
+                progress(done / total)
+
+    return bar
+
+
+@contextlib.contextmanager
+def _conversion_progress(progress: Progress | None) -> Iterator[None]:
+    """Route the GGUF conversion's progress bar to ``progress`` while loading."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = reporting_bar(progress)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original  # type: ignore[attr-defined]
+
+
+def _load_gguf(
+    gguf: Path, dtype: torch.dtype, cache_dir: Path | None, progress: Progress | None = None
+) -> tuple[Any, Any]:
     """Load a GGUF file as a dense model, converting it once into ``cache_dir`` when given.
 
     Parsing and dequantizing GGUF takes tens of seconds; the converted safetensors folder
@@ -113,12 +154,13 @@ def _load_gguf(gguf: Path, dtype: torch.dtype, cache_dir: Path | None) -> tuple[
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # Without a published GGUF matmul kernel the packed weights would be unpacked at every
     # forward; dequantizing once at load is what makes the CPU path fast.
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent,
-        gguf_file=gguf.name,
-        dtype=dtype,
-        quantization_config=GgufConfig(dequantize=True),
-    )
+    with _conversion_progress(progress):
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent,
+            gguf_file=gguf.name,
+            dtype=dtype,
+            quantization_config=GgufConfig(dequantize=True),
+        )
     if cache_dir is not None:
         tmp = folder.with_name(folder.name + ".partial")
         model.save_pretrained(tmp)
@@ -145,14 +187,19 @@ def _quiet_progress_bars() -> None:
     threads left running after a test.
     """
     import tqdm
+    from huggingface_hub.utils.tqdm import disable_progress_bars
     from transformers.utils import logging as hf_logging
 
     tqdm.tqdm.monitor_interval = 0
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    disable_progress_bars()
 
 
-def load_model(config: EngineConfig) -> LoadedModel:
-    """Load the configured model onto its device; every failure is a ModelLoadError naming it."""
+def load_model(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
+    """Load the configured model onto its device; every failure is a ModelLoadError naming it.
+
+    ``progress`` (called from this thread) gets the done fraction of a GGUF conversion.
+    """
     _quiet_progress_bars()
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
@@ -160,12 +207,12 @@ def load_model(config: EngineConfig) -> LoadedModel:
     try:
         if source.startswith(BUNDLED_PREFIX):
             path = bundled_gguf_path(source.removeprefix(BUNDLED_PREFIX))
-            model, tokenizer = _load_gguf(path, dtype, config.cache_dir)
+            model, tokenizer = _load_gguf(path, dtype, config.cache_dir, progress)
         elif source.endswith(".gguf"):
             path = Path(source).expanduser()
             if not path.is_file():
                 raise ModelLoadError(f"GGUF file {source} does not exist")
-            model, tokenizer = _load_gguf(path, dtype, config.cache_dir)
+            model, tokenizer = _load_gguf(path, dtype, config.cache_dir, progress)
         elif source.startswith(("/", "~", ".")) or Path(source).expanduser().exists():
             path = Path(source).expanduser()
             if not path.is_dir():

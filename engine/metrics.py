@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from paged_llm.protocol.snapshot import MetricsSnapshot, Percentiles, percentiles
+from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot, Percentiles, percentiles
 
 from .sequence import Priority, Sequence
 
-__all__ = ["MetricsRecorder", "MetricsSnapshot", "Percentiles", "percentiles"]
+__all__ = ["EngineState", "MetricsRecorder", "MetricsSnapshot", "Percentiles", "percentiles"]
 
 WINDOW_REQUESTS = 256
 THROUGHPUT_WINDOW_S = 10.0
@@ -28,16 +28,20 @@ class MetricsRecorder:
         self._e2e: dict[Priority, deque[float]] = {
             p: deque(maxlen=WINDOW_REQUESTS) for p in Priority
         }
-        self._steps: deque[tuple[float, int]] = deque()
+        self._steps: deque[tuple[float, int, int]] = deque()
         self._window_tokens = 0
+        self._window_prompt_tokens = 0
         self.num_finished = 0
 
-    def record_step(self, now: float, generated: int) -> None:
-        """Count tokens generated in a step, for the recent-window throughput."""
-        self._steps.append((now, generated))
+    def record_step(self, now: float, generated: int, prompt_tokens: int = 0) -> None:
+        """Count tokens generated and prompt tokens read in a step, for recent throughputs."""
+        self._steps.append((now, generated, prompt_tokens))
         self._window_tokens += generated
+        self._window_prompt_tokens += prompt_tokens
         while self._steps and self._steps[0][0] < now - THROUGHPUT_WINDOW_S:
-            self._window_tokens -= self._steps.popleft()[1]
+            _, old_generated, old_prompt = self._steps.popleft()
+            self._window_tokens -= old_generated
+            self._window_prompt_tokens -= old_prompt
 
     def record_first_token(self, seq: Sequence) -> None:
         """Record time to first token and queue time when a sequence's first token arrives."""
@@ -52,14 +56,22 @@ class MetricsRecorder:
         if seq.finished_time is not None and seq.first_token_time is not None:
             self._e2e[seq.priority].append(seq.finished_time - seq.arrival_time)
 
+    def _span(self, now: float) -> float | None:
+        """Seconds the recent window covers; None when it holds no step."""
+        if not self._steps or now - self._steps[-1][0] > THROUGHPUT_WINDOW_S:
+            return None
+        # At least a second, so the first step of a burst does not read as a huge rate.
+        return max(now - self._steps[0][0], 1.0)
+
     def throughput(self, now: float) -> float:
         """Generated tokens per second over the recent window."""
-        if not self._steps:
-            return 0.0
-        span = max(now - self._steps[0][0], 1e-3)
-        if now - self._steps[-1][0] > THROUGHPUT_WINDOW_S:
-            return 0.0
-        return self._window_tokens / span
+        span = self._span(now)
+        return self._window_tokens / span if span else 0.0
+
+    def prompt_throughput(self, now: float) -> float:
+        """Prompt tokens read per second over the recent window."""
+        span = self._span(now)
+        return self._window_prompt_tokens / span if span else 0.0
 
     def latencies(
         self,

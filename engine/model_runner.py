@@ -13,6 +13,7 @@ from transformers import AttentionInterface
 from paged_llm.kernels import paged_attention, store_kv
 
 from .loader import LoadedModel
+from .penalties import apply_penalties
 from .sampler import Sampler
 from .scheduler import SchedulerOutput
 from .structured import StructuredOutput
@@ -186,6 +187,7 @@ class ModelRunner:
             if not sample_rows:
                 return {}
             seqs = [chunks[i].seq for i in sample_rows]
+            logits = apply_penalties(logits, seqs)
             if self.structured is not None:
                 self.structured.apply(logits, seqs)
             tokens: list[int | Exception]

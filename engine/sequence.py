@@ -99,6 +99,9 @@ class SamplingParams:
     regex: str | None = None
     grammar: str | None = None
     structural_tag: str | Mapping[str, Any] | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         """Reject values that would make sampling undefined."""
@@ -151,6 +154,7 @@ class SamplingParams:
             raise InvalidSamplingParams(
                 f"ignore_eos must be True or False, got {self.ignore_eos!r}"
             )
+        self._check_penalties()
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         self._check_structured()
@@ -184,6 +188,23 @@ class SamplingParams:
             if isinstance(value, str):
                 return name, value
         return None
+
+    def _check_penalties(self) -> None:
+        """Reject penalties outside the ranges vLLM and OpenAI accept, naming the field."""
+        for name in ("repetition_penalty", "frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidSamplingParams(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise InvalidSamplingParams(f"{name} must be finite, got {value}")
+        if self.repetition_penalty <= 0:
+            raise InvalidSamplingParams(
+                f"repetition_penalty must be > 0 (1 turns it off), got {self.repetition_penalty}"
+            )
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -2 <= value <= 2:
+                raise InvalidSamplingParams(f"{name} must be in [-2, 2], got {value}")
 
     @property
     def greedy(self) -> bool:

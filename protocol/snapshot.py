@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
+
+
+class EngineState(enum.StrEnum):
+    """What the engine is doing, for a person watching it."""
+
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    IDLE = "idle"
+    READING_PROMPTS = "reading_prompts"
+    GENERATING = "generating"
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,6 +61,10 @@ class MetricsSnapshot:
     request_queue_time_seconds: dict[str, Percentiles] = field(default_factory=dict)
     e2e_request_latency_seconds: dict[str, Percentiles] = field(default_factory=dict)
     generation_throughput: float = 0.0
+    # Added after the first release: prompt tokens read per second over the same window,
+    # and what the engine is doing (the last step read prompt tokens, or only decoded).
+    prompt_throughput: float = 0.0
+    engine_state: EngineState = EngineState.UNLOADED
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -25,6 +25,10 @@ class Sampling:
     # Tools (OpenAI function format) whose calls decoding is held to, where the backend
     # enforces it: text, or calls in the model's own format that fit these tools.
     tool_grammar: list[dict[str, Any]] | None = None
+    # vLLM's definitions; 1 and 0 turn them off.
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
 
 @dataclass(slots=True)

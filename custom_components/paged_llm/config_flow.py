@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, override
 
@@ -101,6 +101,7 @@ from .embedded import (
     normalize_model,
 )
 from .placement import EngineState, async_install_engine, engine_state
+from .prompt import DEFAULT_INSTRUCTIONS
 from .runtime import hand_over_backend
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ if TYPE_CHECKING:
 
 BUNDLED_LABEL = "SmolLM2 135M Instruct (bundled, works offline)"
 RECOMMENDED_CONVERSATION_OPTIONS: dict[str, Any] = {
-    CONF_PROMPT: llm.DEFAULT_INSTRUCTIONS_PROMPT,
+    CONF_PROMPT: DEFAULT_INSTRUCTIONS,
     CONF_MAX_TOKENS: DEFAULT_MAX_TOKENS,
     CONF_TEMPERATURE: DEFAULT_TEMPERATURE,
     CONF_MAX_HISTORY: DEFAULT_MAX_HISTORY,
@@ -219,6 +220,35 @@ def form_values(data: Mapping[str, Any]) -> dict[str, Any]:
     values = {**ENGINE_DEFAULTS, **data}
     values[CONF_BLOCK_SIZE] = str(values[CONF_BLOCK_SIZE])
     return values
+
+
+def model_label(model: str) -> str:
+    """The model as the form's list names it: the bundled label, else the short name."""
+    return BUNDLED_LABEL if model == DEFAULT_MODEL else model_title(model)
+
+
+def chosen_settings(entry: PagedLLMConfigEntry) -> dict[str, str]:
+    """What the running engine resolved "Automatic" and 0 to, for the reconfigure form."""
+    unknown = dict.fromkeys(("device", "dtype", "context", "blocks", "sequence_mib"), "-")
+    data = getattr(entry, "runtime_data", None)
+    if data is None or not isinstance(data.backend, EmbeddedBackend):
+        return unknown
+    if not data.backend.engine.is_running:
+        return unknown
+    llm_engine = data.backend.engine.engine
+    loaded = llm_engine.loaded
+    key_cache = llm_engine.runner.kv_caches[0][0]
+    # K and V of every layer, for one block; a full sequence needs ceil(context / size).
+    block_bytes = 2 * len(llm_engine.runner.kv_caches) * key_cache[0].nbytes
+    block_size = llm_engine.config.block_size
+    blocks_per_sequence = -(-llm_engine.max_model_len // block_size)
+    return {
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "context": str(llm_engine.max_model_len),
+        "blocks": f"{llm_engine.num_kv_blocks} × {block_size}",
+        "sequence_mib": f"{blocks_per_sequence * block_bytes / 2**20:.1f}",
+    }
 
 
 def model_title(model: str) -> str:
@@ -489,8 +519,14 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         """Load the model and size the KV pool exactly as the entry will (the test)."""
         module = await async_import_engine(self.hass)
         engine = module.AsyncEngine(engine_config(self.hass, self._data))
+        loop = self.hass.loop
+
+        def report(fraction: float) -> None:
+            """Show a conversion's progress in the dialog (called from a worker thread)."""
+            loop.call_soon_threadsafe(self.async_update_progress, fraction)
+
         try:
-            await engine.start()
+            await engine.start(report)
         except BaseException:
             await engine.stop()
             raise
@@ -509,7 +545,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 step_id="load",
                 progress_action="load_model",
                 progress_task=self._load_task,
-                description_placeholders={"model": self._data[CONF_MODEL]},
+                description_placeholders={"model": model_label(self._data[CONF_MODEL])},
             )
         task, self._load_task = self._load_task, None
         try:
@@ -561,7 +597,11 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             step_id="reconfigure",
             data_schema=engine_schema(user_input or entry.data, with_model=False),
             errors=errors,
-            description_placeholders={"model": entry.data[CONF_MODEL], "reason": reason},
+            description_placeholders={
+                "model": model_label(entry.data[CONF_MODEL]),
+                "reason": reason,
+                **chosen_settings(entry),
+            },
         )
 
     @callback
@@ -620,25 +660,44 @@ class PagedLLMSubentryFlowHandler(ConfigSubentryFlow):
             )
         else:
             options = self._get_reconfigure_subentry().data
+        entry = self._get_entry()
+        taken = {sub.title for sub in entry.subentries.values()}
         return self.async_show_form(
             step_id="set_options",
             data_schema=probatio.Schema(
-                agent_option_schema(self.hass, self._is_new, self._subentry_type, options)
+                agent_option_schema(self.hass, self._is_new, self._subentry_type, options, taken)
             ),
+            description_placeholders={"model": model_label(entry.data[CONF_MODEL])},
         )
 
     async_step_user = async_step_set_options
     async_step_reconfigure = async_step_set_options
 
 
+def unique_name(base: str, taken: Collection[str]) -> str:
+    """``base``, or ``base 2``, ``base 3``... whichever no other agent of the entry has."""
+    name, number = base, 1
+    while name in taken:
+        number += 1
+        name = f"{base} {number}"
+    return name
+
+
 def agent_option_schema(
-    hass: HomeAssistant, is_new: bool, subentry_type: str, options: Mapping[str, Any]
+    hass: HomeAssistant,
+    is_new: bool,
+    subentry_type: str,
+    options: Mapping[str, Any],
+    taken: Collection[str] = (),
 ) -> dict[Any, Any]:
     """The agent form: prompt and tools for conversations; sampling and history for both."""
     schema: dict[Any, Any] = {}
     if is_new:
-        default_name = (
-            DEFAULT_AI_TASK_NAME if subentry_type == SUBENTRY_AI_TASK else DEFAULT_CONVERSATION_NAME
+        default_name = unique_name(
+            DEFAULT_AI_TASK_NAME
+            if subentry_type == SUBENTRY_AI_TASK
+            else DEFAULT_CONVERSATION_NAME,
+            taken,
         )
         schema[probatio.Required(CONF_NAME, default=default_name)] = str
     if subentry_type == SUBENTRY_CONVERSATION:
@@ -649,9 +708,7 @@ def agent_option_schema(
             {
                 probatio.Optional(
                     CONF_PROMPT,
-                    description={
-                        "suggested_value": options.get(CONF_PROMPT, llm.DEFAULT_INSTRUCTIONS_PROMPT)
-                    },
+                    description={"suggested_value": options.get(CONF_PROMPT, DEFAULT_INSTRUCTIONS)},
                 ): TemplateSelector(),
                 probatio.Optional(
                     CONF_LLM_HASS_API, description={"suggested_value": selected}

@@ -80,6 +80,11 @@ ATTR_PATH: Final = "path"
 PRIORITIES: Final = PRIORITY_NAMES
 DEFAULT_SERVICE_PRIORITY: Final = "automation"
 DEFAULT_SUMMARY_MAX_TOKENS: Final = 512
+ATTR_REPETITION_PENALTY: Final = "repetition_penalty"
+# Small models loop on long summaries without it; 1.1 is llama.cpp's and Ollama's default.
+DEFAULT_SUMMARY_REPETITION_PENALTY: Final = 1.1
+# A part's own summary is not what the user sized with max_tokens: give it room enough.
+SUMMARY_PART_MAX_TOKENS: Final = 512
 # Files beyond this are refused rather than read into memory whole.
 MAX_SUMMARY_FILE_BYTES: Final = 8 * 1024 * 1024
 # Chunk summaries of one long document in flight at once; the rest wait their turn here

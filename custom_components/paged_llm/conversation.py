@@ -16,6 +16,7 @@ from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
 from .const import DOMAIN, LOGGER, PRIORITY_CONVERSATION, SUBENTRY_CONVERSATION
 from .entity import PagedLLMBaseLLMEntity
+from .prompt import agent_instructions
 from .runtime import PagedLLMConfigEntry
 from .warmup import async_warm_prefix
 
@@ -109,7 +110,9 @@ class PagedLLMConversationEntity(
             await chat_log.async_provide_llm_data(
                 user_input.as_llm_context(DOMAIN),
                 settings.get(CONF_LLM_HASS_API),
-                settings.get(CONF_PROMPT),
+                agent_instructions(
+                    settings.get(CONF_PROMPT), bool(settings.get(CONF_LLM_HASS_API))
+                ),
                 user_input.extra_system_prompt,
             )
         except conversation.ConverseError as err:

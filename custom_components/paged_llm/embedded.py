@@ -312,6 +312,9 @@ class EmbeddedBackend:
                 max_tokens=sampling.max_tokens,
                 seed=sampling.seed,
                 stop=() if templated else PLAIN_STOP,
+                repetition_penalty=sampling.repetition_penalty,
+                frequency_penalty=sampling.frequency_penalty,
+                presence_penalty=sampling.presence_penalty,
             )
             params = await self._constrain(params, sampling)
             async for out in self.engine.generate(prompt, params, priority, tools=tools):

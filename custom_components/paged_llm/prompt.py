@@ -31,6 +31,20 @@ For each function call, return a JSON object with the function name and argument
 {{"name": <function-name>, "arguments": <args-json-object>}}
 </tool_call>"""
 
+# The agents' default instructions: Home Assistant's, with today's date and the time in
+# words a small model reads (it also appends its own terse time line after the tools).
+DEFAULT_INSTRUCTIONS = """You are a voice assistant for Home Assistant.
+It is now {{ now().strftime("%A, %d %B %Y, %H:%M") }}.
+Answer questions about the world truthfully.
+Respond simply and to the point in plain text.
+"""
+
+# Without an LLM API the model has no tools: it must not pretend to switch things.
+NO_CONTROL_INSTRUCTION = (
+    "You cannot control, switch or check any device in this home. When asked to, say "
+    "plainly that you cannot do that; never claim that you did it."
+)
+
 JSON_INSTRUCTION = (
     "Answer with only a JSON value that matches this JSON schema, with no other text and "
     "no code fences:\n{schema}"
@@ -82,6 +96,14 @@ def structure_schema(
 def json_schema_instruction(schema: dict[str, Any]) -> str:
     """The instruction that asks for JSON matching an AI task's schema."""
     return JSON_INSTRUCTION.format(schema=json.dumps(schema))
+
+
+def agent_instructions(prompt: str | None, can_control: bool) -> str:
+    """The agent's instructions, with the no-control sentence when it has no LLM API."""
+    text = prompt if prompt and prompt.strip() else DEFAULT_INSTRUCTIONS
+    if can_control:
+        return text
+    return f"{text.rstrip()}\n{NO_CONTROL_INSTRUCTION}\n"
 
 
 def trim_history(

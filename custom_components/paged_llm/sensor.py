@@ -17,7 +17,7 @@ from homeassistant.core import HomeAssistant
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 from homeassistant.helpers.update_coordinator import CoordinatorEntity, DataUpdateCoordinator
 
-from paged_llm.protocol.snapshot import MetricsSnapshot
+from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot, Percentiles
 
 from .embedded import EmbeddedBackend
 from .entity import engine_device_info
@@ -27,20 +27,51 @@ from .runtime import PagedLLMConfigEntry
 PARALLEL_UPDATES = 0
 
 
-def _busy(snapshot: MetricsSnapshot) -> bool:
-    """Whether any request is running or waiting."""
-    return bool(snapshot.num_requests_running or snapshot.num_requests_waiting)
+# The class the main latency sensors follow: what a person waits for. A summary's long
+# first token must not make voice look slow; the other classes are attributes.
+MAIN_CLASS = "interactive"
+
+
+def _main_p95(family: dict[str, Percentiles]) -> float | None:
+    """The interactive class's p95, or None before its first request."""
+    main = family.get(MAIN_CLASS)
+    return main.p95 if main is not None and main.count else None
+
+
+def _queue_wait(snapshot: MetricsSnapshot) -> float | None:
+    """Interactive queue wait p95; 0 before the first request, since nobody has waited."""
+    value = _main_p95(snapshot.request_queue_time_seconds)
+    if value is None and not snapshot.num_requests_waiting_by_class.get(MAIN_CLASS):
+        return 0.0
+    return value
+
+
+def _class_attributes(family: dict[str, Percentiles]) -> dict[str, float | None]:
+    """Every class's p95 (None where it has no request yet), for the attributes."""
+    return {name: p.p95 for name, p in family.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
 class PagedLLMSensorEntityDescription(SensorEntityDescription):
     """How one sensor reads its value (and extra attributes) from a metrics snapshot."""
 
-    value_fn: Callable[[MetricsSnapshot], float | int | None]
+    value_fn: Callable[[MetricsSnapshot], float | int | str | None]
     attributes_fn: Callable[[MetricsSnapshot], Mapping[str, Any]] | None = None
+    # Readable while the engine is down: the engine state says "unloaded" then.
+    always_available: bool = False
+    diagnostic: bool = True
 
 
 SENSORS: tuple[PagedLLMSensorEntityDescription, ...] = (
+    PagedLLMSensorEntityDescription(
+        key="engine_state",
+        translation_key="engine_state",
+        device_class=SensorDeviceClass.ENUM,
+        options=[state.value for state in EngineState],
+        always_available=True,
+        diagnostic=False,
+        value_fn=lambda s: s.engine_state.value,
+    ),
     PagedLLMSensorEntityDescription(
         key="kv_cache_usage",
         translation_key="kv_cache_usage",
@@ -64,14 +95,12 @@ SENSORS: tuple[PagedLLMSensorEntityDescription, ...] = (
     PagedLLMSensorEntityDescription(
         key="running_requests",
         translation_key="running_requests",
-        native_unit_of_measurement="requests",
         state_class=SensorStateClass.MEASUREMENT,
         value_fn=lambda s: s.num_requests_running,
     ),
     PagedLLMSensorEntityDescription(
         key="waiting_requests",
         translation_key="waiting_requests",
-        native_unit_of_measurement="requests",
         state_class=SensorStateClass.MEASUREMENT,
         value_fn=lambda s: s.num_requests_waiting,
         attributes_fn=lambda s: dict(s.num_requests_waiting_by_class),
@@ -79,7 +108,6 @@ SENSORS: tuple[PagedLLMSensorEntityDescription, ...] = (
     PagedLLMSensorEntityDescription(
         key="preemptions",
         translation_key="preemptions",
-        native_unit_of_measurement="preemptions",
         # Counts from zero again after an engine restart.
         state_class=SensorStateClass.TOTAL_INCREASING,
         value_fn=lambda s: s.num_preemptions,
@@ -91,10 +119,8 @@ SENSORS: tuple[PagedLLMSensorEntityDescription, ...] = (
         device_class=SensorDeviceClass.DURATION,
         state_class=SensorStateClass.MEASUREMENT,
         suggested_display_precision=3,
-        value_fn=lambda s: s.worst(s.request_queue_time_seconds),
-        attributes_fn=lambda s: {
-            name: p.p95 for name, p in s.request_queue_time_seconds.items() if p.count
-        },
+        value_fn=_queue_wait,
+        attributes_fn=lambda s: _class_attributes(s.request_queue_time_seconds),
     ),
     PagedLLMSensorEntityDescription(
         key="time_to_first_token_p95",
@@ -103,10 +129,9 @@ SENSORS: tuple[PagedLLMSensorEntityDescription, ...] = (
         device_class=SensorDeviceClass.DURATION,
         state_class=SensorStateClass.MEASUREMENT,
         suggested_display_precision=3,
-        value_fn=lambda s: s.worst(s.time_to_first_token_seconds),
-        attributes_fn=lambda s: {
-            name: p.p95 for name, p in s.time_to_first_token_seconds.items() if p.count
-        },
+        # No token yet means no time to report: unknown is the truth here, not 0.
+        value_fn=lambda s: _main_p95(s.time_to_first_token_seconds),
+        attributes_fn=lambda s: _class_attributes(s.time_to_first_token_seconds),
     ),
     PagedLLMSensorEntityDescription(
         key="generation_throughput",
@@ -114,8 +139,17 @@ SENSORS: tuple[PagedLLMSensorEntityDescription, ...] = (
         native_unit_of_measurement="tokens/s",
         state_class=SensorStateClass.MEASUREMENT,
         suggested_display_precision=1,
-        # The engine publishes nothing while idle, so its last busy figure would linger.
-        value_fn=lambda s: round(s.generation_throughput, 2) if _busy(s) else 0.0,
+        # A 10-second average: it falls to 0 after the engine goes idle, not between steps.
+        value_fn=lambda s: round(s.generation_throughput, 2),
+    ),
+    PagedLLMSensorEntityDescription(
+        key="prompt_throughput",
+        translation_key="prompt_throughput",
+        native_unit_of_measurement="tokens/s",
+        state_class=SensorStateClass.MEASUREMENT,
+        suggested_display_precision=1,
+        # Reading a long prompt generates nothing; this shows the engine is working.
+        value_fn=lambda s: round(s.prompt_throughput, 2),
     ),
     PagedLLMSensorEntityDescription(
         key="prefix_cache_hit_rate",
@@ -177,7 +211,6 @@ class PagedLLMSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], 
 
     entity_description: PagedLLMSensorEntityDescription
     _attr_has_entity_name = True
-    _attr_entity_category = EntityCategory.DIAGNOSTIC
 
     def __init__(
         self,
@@ -188,19 +221,32 @@ class PagedLLMSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], 
         """Bind the sensor to its entry's engine."""
         super().__init__(coordinator)
         self.entity_description = description
+        self._attr_entity_category = EntityCategory.DIAGNOSTIC if description.diagnostic else None
         self.entry = entry
         self._attr_unique_id = f"{entry.entry_id}_{description.key}"
         self._attr_device_info = engine_device_info(entry)
 
     @property
     def available(self) -> bool:
-        """Unavailable once the engine has stopped or crashed, or the server is away."""
-        data = getattr(self.entry, "runtime_data", None)
-        return super().available and data is not None and data.backend.available
+        """Unavailable once the engine has stopped or crashed, or the server is away.
+
+        The state sensor stays available and reads "unloaded" then.
+        """
+        if self.entity_description.always_available:
+            return super().available
+        return super().available and self._engine_running
 
     @property
-    def native_value(self) -> float | int | None:
+    def _engine_running(self) -> bool:
+        """Whether the entry's engine (or server) still serves requests."""
+        data = getattr(self.entry, "runtime_data", None)
+        return data is not None and bool(data.backend.available)
+
+    @property
+    def native_value(self) -> float | int | str | None:
         """The figure from the latest snapshot."""
+        if self.entity_description.always_available and not self._engine_running:
+            return str(EngineState.UNLOADED)
         return self.entity_description.value_fn(self.coordinator.data)
 
     @property

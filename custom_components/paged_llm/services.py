@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,14 @@ from .const import (
     ATTR_PATH,
     ATTR_PRIORITY,
     ATTR_PROMPT,
+    ATTR_REPETITION_PENALTY,
     ATTR_SYSTEM_PROMPT,
     ATTR_TEMPERATURE,
     ATTR_TEXT,
     DEFAULT_MAX_TOKENS,
     DEFAULT_SERVICE_PRIORITY,
     DEFAULT_SUMMARY_MAX_TOKENS,
+    DEFAULT_SUMMARY_REPETITION_PENALTY,
     DEFAULT_TEMPERATURE,
     DOMAIN,
     MAX_MAX_TOKENS,
@@ -65,6 +68,9 @@ SUMMARIZE_SCHEMA = probatio.Schema(
         probatio.Optional(ATTR_TEMPERATURE, default=0.0): probatio.All(
             probatio.Coerce(float), probatio.Range(min=0, max=2)
         ),
+        probatio.Optional(
+            ATTR_REPETITION_PENALTY, default=DEFAULT_SUMMARY_REPETITION_PENALTY
+        ): probatio.All(probatio.Coerce(float), probatio.Range(min=1, max=2)),
     }
 )
 
@@ -156,16 +162,32 @@ async def _async_summarize(call: ServiceCall) -> ServiceResponse:
     if not text.strip():
         raise ServiceValidationError(translation_domain=DOMAIN, translation_key="empty_text")
     sampling = agent_sampling(
-        {}, max_tokens=call.data[ATTR_MAX_TOKENS], temperature=call.data[ATTR_TEMPERATURE]
+        {},
+        max_tokens=call.data[ATTR_MAX_TOKENS],
+        temperature=call.data[ATTR_TEMPERATURE],
+        repetition_penalty=call.data[ATTR_REPETITION_PENALTY],
     )
+    started = time.monotonic()
     summarizer = Summarizer(hass, entry, sampling)
     summary = await summarizer.async_summarize(text)
+    final = summarizer.final
     return {
         "summary": summary,
+        "finish_reason": final.finish_reason if final else None,
+        "truncated": summarizer.truncated,
+        "elapsed_seconds": round(time.monotonic() - started, 3),
         "chunks": summarizer.chunks,
         "requests": summarizer.requests,
         "prompt_tokens": summarizer.prompt_tokens,
         "completion_tokens": summarizer.completion_tokens,
+        "parts": [
+            {
+                "finish_reason": part.finish_reason,
+                "prompt_tokens": part.prompt_tokens,
+                "completion_tokens": part.completion_tokens,
+            }
+            for part in summarizer.parts
+        ],
     }
 
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import ServiceValidationError
 
 from .backend import Sampling
-from .chat import async_complete
+from .chat import Completion, async_complete
 from .const import (
     DOMAIN,
     PRIORITY_SUMMARY,
     SUMMARY_CHUNK_CONCURRENCY,
     SUMMARY_COMBINE_PROMPT,
+    SUMMARY_PART_MAX_TOKENS,
     SUMMARY_PROMPT,
 )
 from .runtime import PagedLLMConfigEntry
@@ -47,10 +49,18 @@ class Summarizer:
         self.hass = hass
         self.entry = entry
         self.sampling = sampling
+        # Parts summarise pieces of the text; only the final summary is held to max_tokens.
+        # A part may use an eighth of the context, so a piece still leaves room for text.
+        context = entry.runtime_data.backend.context_size
+        part_tokens = min(SUMMARY_PART_MAX_TOKENS, context // 8)
+        self.part_sampling = replace(sampling, max_tokens=part_tokens)
+        self.reserve = max(sampling.max_tokens, part_tokens)
         self.chunks = 0
         self.requests = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.parts: list[Completion] = []
+        self.final: Completion | None = None
         self._slots = asyncio.Semaphore(SUMMARY_CHUNK_CONCURRENCY)
 
     def _messages(self, instruction: str, text: str) -> list[dict[str, Any]]:
@@ -65,11 +75,11 @@ class Summarizer:
         if (pool := backend.kv_pool_tokens) is not None:
             longest = min(context, int(pool * SUMMARY_POOL_SHARE))
         overhead = await backend.async_count_tokens(instruction) + TEMPLATE_MARGIN
-        budget = longest - self.sampling.max_tokens - overhead
+        budget = longest - self.reserve - overhead
         tokens = await backend.async_count_tokens(text)
         if tokens <= budget:
             return [text]
-        if budget < 4 * self.sampling.max_tokens:
+        if budget < 4 * self.reserve:
             # Each round of merging must at least halve the text, or it would never end.
             raise ServiceValidationError(
                 translation_domain=DOMAIN,
@@ -92,29 +102,38 @@ class Summarizer:
             pending[:0] = [piece[:at], piece[at:]]
         return [piece for piece in pieces if piece.strip()]
 
-    async def _summarize_piece(self, instruction: str, text: str) -> str:
+    async def _summarize_piece(self, instruction: str, text: str, sampling: Sampling) -> Completion:
         """Summarise one piece that fits the context."""
         async with self._slots:
             done = await async_complete(
                 self.hass,
                 self.entry,
                 self._messages(instruction, text),
-                self.sampling,
+                sampling,
                 PRIORITY_SUMMARY,
             )
         self.requests += 1
         self.prompt_tokens += done.prompt_tokens
         self.completion_tokens += done.completion_tokens
-        return done.text
+        return done
 
     async def async_summarize(self, text: str, instruction: str = SUMMARY_PROMPT) -> str:
         """Summarise ``text``, splitting and merging as often as its length needs."""
         pieces = await self._split(instruction, text)
         self.chunks = self.chunks or len(pieces)
         if len(pieces) == 1:
-            return await self._summarize_piece(instruction, pieces[0])
+            self.final = await self._summarize_piece(instruction, pieces[0], self.sampling)
+            return self.final.text
         partial = await asyncio.gather(
-            *(self._summarize_piece(SUMMARY_PROMPT, piece) for piece in pieces)
+            *(self._summarize_piece(SUMMARY_PROMPT, piece, self.part_sampling) for piece in pieces)
         )
+        self.parts.extend(partial)
         # Every round at least halves the text (see _split), so this recursion is shallow.
-        return await self.async_summarize("\n\n".join(partial), SUMMARY_COMBINE_PROMPT)
+        merged = "\n\n".join(done.text for done in partial)
+        return await self.async_summarize(merged, SUMMARY_COMBINE_PROMPT)
+
+    @property
+    def truncated(self) -> bool:
+        """Whether any request stopped at its token limit rather than by itself."""
+        done = [*self.parts, *([self.final] if self.final else [])]
+        return any(d.finish_reason == "length" for d in done)

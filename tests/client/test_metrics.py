@@ -77,3 +77,20 @@ def test_text_without_vllm_names_says_so() -> None:
     registry, m = _registry()
     m["running"].labels("a").set(0)  # type: ignore[attr-defined]
     assert parse_metrics(generate_latest(registry).decode()).vllm_names
+
+
+def test_prompt_throughput_and_state_come_from_the_counters() -> None:
+    registry, m = _registry()
+    prompt = Counter("vllm:prompt_tokens", "", ["model_name"], registry=registry)
+    reader = MetricsReader("a")
+    idle = reader.read(generate_latest(registry).decode(), now=1.0)
+    assert idle.engine_state == "idle"
+    m["running"].labels("a").set(1)  # type: ignore[attr-defined]
+    prompt.labels("a").inc(400)
+    reading = reader.read(generate_latest(registry).decode(), now=3.0)
+    assert reading.prompt_throughput == pytest.approx(200.0)
+    assert reading.engine_state == "reading_prompts"
+    m["gen"].labels("a").inc(20)  # type: ignore[attr-defined]
+    generating = reader.read(generate_latest(registry).decode(), now=5.0)
+    assert generating.prompt_throughput == 0.0
+    assert generating.engine_state == "generating"

@@ -22,8 +22,8 @@ SENSORS = {
     "running": "sensor.tiny_running_sequences",
     "waiting": "sensor.tiny_waiting_requests",
     "preemptions": "sensor.tiny_preemptions",
-    "queue_wait": "sensor.tiny_queue_wait_p95",
-    "ttft": "sensor.tiny_time_to_first_token_p95",
+    "queue_wait": "sensor.tiny_queue_wait_interactive_p95",
+    "ttft": "sensor.tiny_time_to_first_token_interactive_p95",
     "throughput": "sensor.tiny_generation_throughput",
     "prefix_hit_rate": "sensor.tiny_prefix_cache_hit_rate",
 }

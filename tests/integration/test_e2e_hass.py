@@ -281,7 +281,7 @@ def test_real_home_assistant_serves_concurrent_requests(
     states = hass.states()
     (agent,) = [e for e in states if e.startswith("conversation.") and "paged_llm" in e]
     sensors = {e: s for e, s in states.items() if e.startswith("sensor.") and "tiny_llama" in e}
-    assert len(sensors) == 10, sorted(states)
+    assert len(sensors) == 12, sorted(states)
 
     def converse(i: int) -> tuple[int, Any]:
         return hass.request(
@@ -300,7 +300,7 @@ def test_real_home_assistant_serves_concurrent_requests(
     usage = next(e for e in sensors if e.endswith("kv_cache_usage"))
     blocks = next(e for e in sensors if e.endswith("kv_blocks_in_use"))
     running = next(e for e in sensors if e.endswith("running_sequences"))
-    ttft = next(e for e in sensors if e.endswith("time_to_first_token_p95"))
+    ttft = next(e for e in sensors if e.endswith("time_to_first_token_interactive_p95"))
     seen: dict[str, list[float]] = {usage: [], running: []}
     done = threading.Event()
 

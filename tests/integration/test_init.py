@@ -123,7 +123,7 @@ async def test_model_that_cannot_load_fails_setup_with_the_reason(
 async def test_out_of_memory_at_start_is_retried_later(
     hass: HomeAssistant, mock_config_entry: MockConfigEntry, ha_core: None
 ) -> None:
-    def oom(_config: Any) -> Any:
+    def oom(_config: Any, _progress: Any = None) -> Any:
         raise ModelLoadError("could not load model: out of memory") from MemoryError()
 
     with patch("paged_llm.engine.async_engine.load_model", oom):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -16,16 +17,20 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 from custom_components.paged_llm.const import DOMAIN
 from custom_components.paged_llm.diagnostics import async_get_config_entry_diagnostics
 
+# Unit and state before the first request: counts have no unit; nobody has waited, so the
+# queue wait is 0; no token has come yet, so the time to first token is not known.
 EXPECTED = {
+    "engine_state": (None, "idle"),
     "kv_cache_usage": ("%", "0.0"),
     "kv_blocks_used": ("blocks", "0"),
-    "running_requests": ("requests", "0"),
-    "waiting_requests": ("requests", "0"),
-    "preemptions": ("preemptions", "0"),
+    "running_requests": (None, "0"),
+    "waiting_requests": (None, "0"),
+    "preemptions": (None, "0"),
     # The conversation agent's prompt-warming request has run: a number, whatever it is.
     "queue_wait_p95": ("s", None),
     "time_to_first_token_p95": ("s", None),
     "generation_throughput": ("tokens/s", None),
+    "prompt_throughput": ("tokens/s", None),
     "prefix_cache_hit_rate": ("%", "0.0"),
     "model_loaded": (None, "loaded"),
 }
@@ -50,8 +55,10 @@ async def test_sensors_are_diagnostic_entities_of_one_service_device(
     assert device.entry_type is dr.DeviceEntryType.SERVICE
     assert (DOMAIN, init_integration.entry_id) in device.identifiers
     for entry in sensors:
-        assert entry.entity_category is EntityCategory.DIAGNOSTIC
         key = entry.unique_id.removeprefix(f"{init_integration.entry_id}_")
+        # The engine state is what a person looks for first: not hidden among diagnostics.
+        category = None if key == "engine_state" else EntityCategory.DIAGNOSTIC
+        assert entry.entity_category is category, key
         unit, idle = EXPECTED[key]
         state = hass.states.get(entry.entity_id)
         assert state is not None
@@ -92,6 +99,44 @@ async def test_sensors_become_unavailable_when_the_engine_stops(
     init_integration.runtime_data.coordinator.async_update_listeners()
     await hass.async_block_till_done()
     assert hass.states.get("sensor.tiny_kv_cache_usage").state == "unavailable"
+    assert hass.states.get("sensor.tiny_engine_state").state == "unloaded"
+
+
+async def test_latency_sensors_follow_the_interactive_class(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    """A background request must not make voice look slow; it shows as an attribute."""
+    coordinator = init_integration.runtime_data.coordinator
+    engine = init_integration.runtime_data.backend.engine
+
+    async def generate(priority: str) -> None:
+        await hass.services.async_call(
+            DOMAIN,
+            "generate",
+            {"prompt": "hello there", "max_tokens": 3, "priority": priority},
+            blocking=True,
+            return_response=True,
+        )
+        await asyncio.sleep(0.5)  # the engine refreshes its snapshot on going idle
+        coordinator.async_set_updated_data(engine.metrics())
+        await hass.async_block_till_done()
+
+    await generate("background")
+    ttft = hass.states.get("sensor.tiny_time_to_first_token_interactive_p95")
+    assert ttft.state == "unknown"
+    assert ttft.attributes["background"] > 0
+    assert ttft.attributes["interactive"] is None
+    assert hass.states.get("sensor.tiny_queue_wait_interactive_p95").state == "0.0"
+    assert float(hass.states.get("sensor.tiny_generation_throughput").state) > 0
+    assert float(hass.states.get("sensor.tiny_prompt_throughput").state) > 0
+    assert hass.states.get("sensor.tiny_engine_state").state == "idle"
+
+    await generate("interactive")
+    snapshot = engine.metrics()
+    ttft = hass.states.get("sensor.tiny_time_to_first_token_interactive_p95")
+    interactive = snapshot.time_to_first_token_seconds["interactive"].p95
+    assert float(ttft.state) == pytest.approx(interactive)
+    assert ttft.attributes["interactive"] == pytest.approx(interactive)
 
 
 async def test_diagnostics_hold_settings_figures_and_versions_but_no_prompts(

@@ -68,6 +68,12 @@ async def test_summarize_a_text_runs_in_the_background_class(
     assert response["requests"] == 1
     assert response["prompt_tokens"] > 300
     assert priorities == ["background"]
+    # One request: the final summary, held to max_tokens (a random model rarely stops).
+    assert response["parts"] == []
+    assert response["finish_reason"] == "length"
+    assert response["truncated"] is True
+    assert response["completion_tokens"] == 8
+    assert 0 < response["elapsed_seconds"] < 120
 
 
 async def test_summarize_chunks_a_text_beyond_the_context(
@@ -88,8 +94,44 @@ async def test_summarize_chunks_a_text_beyond_the_context(
         assert response["chunks"] >= 3
         # Each part is summarised, then the parts' summaries are merged into one.
         assert response["requests"] == response["chunks"] + 1
+        parts = response["parts"]
+        assert len(parts) == response["chunks"]
+        assert all(p["finish_reason"] in {"stop", "length"} for p in parts)
+        # Parts get room of their own (an eighth of the context), not the final's 8 tokens.
+        assert max(p["completion_tokens"] for p in parts) > 8
+        assert all(p["completion_tokens"] <= 512 // 8 for p in parts)
+        final_tokens = response["completion_tokens"] - sum(p["completion_tokens"] for p in parts)
+        assert final_tokens <= 8
+        assert response["truncated"] is (
+            response["finish_reason"] == "length"
+            or any(p["finish_reason"] == "length" for p in parts)
+        )
     finally:
         assert await hass.config_entries.async_unload(mock_config_entry.entry_id)
+
+
+async def test_summarize_applies_a_repetition_penalty_by_default(
+    hass: HomeAssistant, init_integration: MockConfigEntry, make_long_text: Callable[[int], str]
+) -> None:
+    engine = init_integration.runtime_data.backend.engine
+    penalties: list[float] = []
+    real_generate = engine.generate
+
+    def observed(prompt: Any, params: Any, priority: Any, **kwargs: Any) -> Any:
+        penalties.append(params.repetition_penalty)
+        return real_generate(prompt, params, priority, **kwargs)
+
+    engine.generate = observed  # type: ignore[method-assign]
+    try:
+        await _call(hass, "summarize", {"text": make_long_text(50), "max_tokens": 4})
+        await _call(
+            hass,
+            "summarize",
+            {"text": make_long_text(50), "max_tokens": 4, "repetition_penalty": 1.0},
+        )
+    finally:
+        del engine.generate
+    assert penalties == [1.1, 1.0]
 
 
 async def test_summarize_a_file_in_an_allowed_folder(

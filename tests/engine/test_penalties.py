@@ -1,0 +1,134 @@
+"""Repetition, frequency and presence penalties: definitions, transformers parity, seeds."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from paged_llm.engine.errors import InvalidSamplingParams
+from paged_llm.engine.penalties import apply_penalties
+from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+
+from support import make_engine
+
+
+def seq(prompt: list[int], output: list[int], **params: object) -> Sequence:
+    """A sequence with ``output`` already generated."""
+    s = Sequence("r", prompt, SamplingParams(**params), Priority.INTERACTIVE, 0.0)  # type: ignore[arg-type]
+    for token in output:
+        s.append_token(token)
+    return s
+
+
+def reference(row: torch.Tensor, s: Sequence) -> torch.Tensor:
+    """The definitions, one token at a time."""
+    out = row.clone()
+    p = s.params
+    seen = set(s.prompt_token_ids) | set(s.output_token_ids)
+    for token in range(len(out)):
+        value = float(out[token])
+        if token in seen:
+            r = p.repetition_penalty
+            value = value / r if value > 0 else value * r
+        count = s.output_token_ids.count(token)
+        value -= p.frequency_penalty * count
+        value -= p.presence_penalty * (count > 0)
+        out[token] = value
+    return out
+
+
+def test_each_penalty_matches_its_definition_row_by_row() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(5, 40) * 3
+    seqs = [
+        seq([1, 2, 3], [4, 4, 5], repetition_penalty=1.5),
+        seq([1, 2, 3], [4, 4, 5], frequency_penalty=0.7),
+        seq([1, 2, 3], [4, 4, 5], presence_penalty=-1.2),
+        seq([1, 2, 3], [4, 4, 5]),  # no penalty: untouched
+        seq([7, 8], [9, 9, 9, 8], repetition_penalty=0.8, frequency_penalty=2, presence_penalty=1),
+    ]
+    out = apply_penalties(logits, seqs)
+    for i, s in enumerate(seqs):
+        torch.testing.assert_close(out[i], reference(logits[i], s))
+    assert torch.equal(out[3], logits[3])
+    # Frequency counts repeats; the prompt alone is not penalised by it.
+    assert out[1, 4] == pytest.approx(float(logits[1, 4]) - 1.4)
+    assert out[1, 1] == logits[1, 1]
+
+
+def test_no_penalties_returns_the_logits_untouched() -> None:
+    logits = torch.randn(2, 10)
+    assert apply_penalties(logits, [seq([1], [2]), seq([3], [])]) is logits
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("repetition_penalty", 0),
+        ("repetition_penalty", float("nan")),
+        ("frequency_penalty", 2.5),
+        ("presence_penalty", -3),
+        ("presence_penalty", "1"),
+    ],
+)
+def test_invalid_penalties_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(InvalidSamplingParams, match=field):
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_greedy_repetition_penalty_equals_transformers() -> None:
+    """transformers' RepetitionPenaltyLogitsProcessor has the same definition."""
+    engine = make_engine()
+    model = engine.loaded.model
+    prompt = [random.Random(3).randrange(3, 512) for _ in range(20)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.6)
+    engine.add_request(prompt, params, request_id="p")
+    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
+    model.set_attn_implementation("sdpa")
+    ids = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=24,
+        do_sample=False,
+        eos_token_id=None,
+        repetition_penalty=1.6,
+    )
+    assert tokens["p"] == ids[0, len(prompt) :].tolist()
+    # The penalty changed the answer: the unpenalised twin differs.
+    assert tokens["p"] != tokens["req-1"]
+
+
+def run(engine, requests: list[tuple[str, SamplingParams]]) -> dict[str, list[int]]:
+    """Run requests sharing every step; tokens per request id."""
+    prompt = list(range(10, 30))
+    for rid, params in requests:
+        engine.add_request(prompt, params, request_id=rid)
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
+    return tokens
+
+
+def test_seeded_penalised_request_is_the_same_alone_or_batched() -> None:
+    seeded = SamplingParams(
+        temperature=1.0,
+        seed=11,
+        max_tokens=16,
+        ignore_eos=True,
+        repetition_penalty=1.3,
+        frequency_penalty=0.5,
+        presence_penalty=0.4,
+    )
+    alone = run(make_engine(), [("s", seeded)])["s"]
+    others = [
+        (f"o{i}", SamplingParams(temperature=0.8, max_tokens=8 + i, frequency_penalty=1.0))
+        for i in range(3)
+    ]
+    batched = run(make_engine(), [*others, ("s", seeded)])["s"]
+    assert alone == batched
