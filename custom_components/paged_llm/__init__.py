@@ -12,6 +12,7 @@ from homeassistant.helpers.update_coordinator import DataUpdateCoordinator
 
 from paged_llm.engine.metrics import MetricsSnapshot
 
+from .card import async_register_card
 from .const import DOMAIN, LOGGER
 from .entity import engine_device_info
 from .runtime import (
@@ -27,6 +28,7 @@ from .runtime import (
     take_pending_engine,
 )
 from .services import async_setup_services
+from .websocket_api import async_setup_websocket_api
 
 CONFIG_SCHEMA = cv.config_entry_only_config_schema(DOMAIN)
 PLATFORMS = (Platform.AI_TASK, Platform.CONVERSATION, Platform.SENSOR)
@@ -37,6 +39,9 @@ AGENT_PLATFORMS = (Platform.AI_TASK, Platform.CONVERSATION)
 async def async_setup(hass: HomeAssistant, config: ConfigType) -> bool:
     """Register the actions and stop engines no entry claimed when Home Assistant stops."""
     async_setup_services(hass)
+    # The block-map card and the subscription that feeds it.
+    async_setup_websocket_api(hass)
+    await async_register_card(hass)
 
     async def _async_stop_pending(_event: Event) -> None:
         """Stop the engines config flows started and no entry took over."""
