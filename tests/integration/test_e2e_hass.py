@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -186,9 +187,9 @@ class HomeAssistantProcess:
         return {state["entity_id"]: state for state in body}
 
 
-@pytest.fixture
-def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssistantProcess]:
-    """A fresh Home Assistant with this integration linked into its config folder."""
+@contextlib.contextmanager
+def running_home_assistant(tmp_path: Path, configuration: str) -> Iterator[HomeAssistantProcess]:
+    """Start a Home Assistant with this integration linked in; kill it if still running after."""
     config_dir = tmp_path / "config"
     (config_dir / "custom_components").mkdir(parents=True)
     (config_dir / "custom_components" / "paged_llm").symlink_to(
@@ -198,7 +199,7 @@ def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssista
     docs.mkdir()
     port = _free_port()
     (config_dir / "configuration.yaml").write_text(
-        CONFIGURATION.format(port=port, docs=docs), encoding="utf-8"
+        configuration.format(port=port, docs=docs), encoding="utf-8"
     )
     hass = HomeAssistantProcess(config_dir, port)
     hass.start()
@@ -209,6 +210,13 @@ def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssista
         if hass.process.poll() is None:
             os.killpg(hass.process.pid, signal.SIGKILL)
             hass.process.wait()
+
+
+@pytest.fixture
+def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssistantProcess]:
+    """A fresh Home Assistant with this integration linked into its config folder."""
+    with running_home_assistant(tmp_path, CONFIGURATION) as hass:
+        yield hass
 
 
 def _create_entry(hass: HomeAssistantProcess, model: str) -> dict[str, Any]:
