@@ -6,7 +6,9 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_MODEL = "bundled:SmolLM2-135M-Instruct"
+from paged_llm.protocol.defaults import DEFAULT_MODEL
+
+__all__ = ["DEFAULT_MODEL", "EngineConfig", "KVLayout", "SchedulerConfig"]
 
 
 class KVLayout(enum.StrEnum):

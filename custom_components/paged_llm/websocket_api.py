@@ -18,7 +18,7 @@ from homeassistant.core import HomeAssistant, callback
 from .const import DOMAIN, LOGGER
 
 if TYPE_CHECKING:
-    from paged_llm.engine.metrics import MetricsSnapshot
+    from paged_llm.protocol.snapshot import MetricsSnapshot
 
     from .runtime import PagedLLMConfigEntry
 
@@ -31,14 +31,14 @@ WS_SUBSCRIBE = f"{DOMAIN}/block_map/subscribe"
 
 
 class BlockMapSource(Protocol):
-    """What a backend offers for the card: the embedded engine, or a remote client.
+    """A backend that can show its pool: the embedded engine, or this project's server.
 
-    ``block_map`` returns an object with ``as_dict()`` (the engine's BlockMap), the same
-    dict already decoded (a remote server of this project), or None when the backend has
-    no map (another OpenAI-compatible server): the card then shows the aggregate figures.
+    ``block_map`` returns the engine's ``BlockMap.as_dict()`` form, or None when the
+    backend has none (another OpenAI-compatible server); the card then shows the
+    aggregate figures. Backends without the method get the same treatment.
     """
 
-    async def block_map(self) -> Any:
+    async def block_map(self) -> dict[str, Any] | None:
         """The pool's block map now, or None."""
         ...
 
@@ -59,13 +59,10 @@ def aggregate(snapshot: MetricsSnapshot) -> dict[str, Any]:
 
 def _source(entry: PagedLLMConfigEntry) -> BlockMapSource | None:
     """The entry's backend when it can be asked for a block map."""
-    data = entry.runtime_data
-    # A remote backend (issue 12) lives under `backend`; the embedded engine under `engine`.
-    for name in ("backend", "engine"):
-        candidate = getattr(data, name, None)
-        if candidate is not None and callable(getattr(candidate, "block_map", None)):
-            source: BlockMapSource = candidate
-            return source
+    backend = entry.runtime_data.backend
+    if callable(getattr(backend, "block_map", None)):
+        source: BlockMapSource = backend  # type: ignore[assignment]
+        return source
     return None
 
 
@@ -90,8 +87,7 @@ async def async_payload(entry: PagedLLMConfigEntry) -> dict[str, Any]:
         # A map is optional: the figures still go out.
         LOGGER.debug("No block map from %s: %s", entry.title, err)
         return payload
-    if block_map is not None:
-        payload["block_map"] = block_map if isinstance(block_map, dict) else block_map.as_dict()
+    payload["block_map"] = block_map
     return payload
 
 

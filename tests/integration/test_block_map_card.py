@@ -56,7 +56,7 @@ def _check_map(event: dict[str, Any]) -> dict[str, Any]:
 async def test_snapshots_arrive_while_requests_run_and_match_the_engine(
     hass: HomeAssistant, init_integration: MockConfigEntry, hass_ws_client: WebSocketGenerator
 ) -> None:
-    engine = init_integration.runtime_data.engine
+    engine = init_integration.runtime_data.backend.engine
     client = await hass_ws_client(hass)
     await client.send_json_auto_id({"type": SUBSCRIBE, "entry_id": init_integration.entry_id})
     result = await client.receive_json()
@@ -103,7 +103,7 @@ async def test_snapshots_arrive_while_requests_run_and_match_the_engine(
 async def test_pushes_stop_when_unsubscribed(
     hass: HomeAssistant, init_integration: MockConfigEntry, hass_ws_client: WebSocketGenerator
 ) -> None:
-    engine = init_integration.runtime_data.engine
+    engine = init_integration.runtime_data.backend.engine
     client = await hass_ws_client(hass)
     await client.send_json_auto_id({"type": SUBSCRIBE})
     result = await client.receive_json()
@@ -140,7 +140,7 @@ async def test_aggregate_figures_when_no_map_can_be_had(
 ) -> None:
     # A backend without a map (a stopped engine here, another server in remote mode) still
     # gives the card the figures the sensors show.
-    await init_integration.runtime_data.engine.stop()
+    await init_integration.runtime_data.backend.engine.stop()
     payload = await websocket_api.async_payload(init_integration)
     assert payload["state"] == "loaded"
     assert payload["block_map"] is None
