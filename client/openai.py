@@ -220,6 +220,19 @@ class OpenAIClient:
             raise status_error(status, text)
         return text
 
+    async def block_map(self) -> dict[str, Any] | None:
+        """The KV block map of a Paged LLM server (``GET /block_map``); None from others."""
+        status, text = await self._get(f"{self.root}/block_map")
+        if status in (404, 405):
+            return None
+        if status != 200:
+            raise status_error(status, text)
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) and "cells" in data else None
+
     async def count_tokens(self, model: str, text: str) -> int | None:
         """Tokens in ``text`` by the server's tokenizer (vLLM's ``/tokenize``); None without."""
         try:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .block_map import BlockMap, take_block_map
 from .config import EngineConfig
 from .errors import EngineDeadError, RequestRejected
 from .llm_engine import LLMEngine, Prompt
@@ -65,6 +66,32 @@ class _Abort:
     request_id: str
 
 
+@dataclass(slots=True)
+class _TakeBlockMap:
+    """Command: take a block map between steps and hand it to a future on its loop."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[BlockMap]
+
+    def run(self, engine: LLMEngine) -> None:
+        """Take the map on the engine thread, where the pool is consistent."""
+        sched = engine.scheduler
+        block_map = take_block_map(
+            engine.kv_manager,
+            sched.running,
+            timestamp=engine.clock(),
+            num_waiting=sched.num_waiting,
+            num_preemptions=sched.num_preemptions,
+        )
+
+        def resolve() -> None:
+            if not self.future.done():  # the caller may have given up
+                self.future.set_result(block_map)
+
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(resolve)
+
+
 class AsyncEngine:
     """Hosts an LLMEngine in a background thread and serves many asyncio consumers.
 
@@ -78,7 +105,7 @@ class AsyncEngine:
         self._loaded = loaded
         self._engine: LLMEngine | None = None
         self._thread: threading.Thread | None = None
-        self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _TakeBlockMap] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._stopping = False
         self._error: BaseException | None = None
@@ -250,6 +277,19 @@ class AsyncEngine:
         """The latest snapshot (at most a fraction of a second old while busy)."""
         return self._snapshot
 
+    async def block_map(self) -> BlockMap:
+        """The KV pool's block map, taken on the engine thread between two steps."""
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        command = _TakeBlockMap(loop, loop.create_future())
+        self._commands.put(command)
+        self._wakeup.set()
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(command.future), 1.0)
+            except TimeoutError:
+                self._check_alive()  # a stopped or crashed engine never answers
+
     def subscribe(self, callback: Callable[[MetricsSnapshot], None]) -> Callable[[], None]:
         """Call ``callback`` on this event loop with snapshots, at most about once a second."""
         entry = (asyncio.get_running_loop(), callback)
@@ -327,6 +367,9 @@ class AsyncEngine:
                 return
             if isinstance(command, _Abort):
                 engine.abort(command.request_id)
+                continue
+            if isinstance(command, _TakeBlockMap):
+                command.run(engine)
                 continue
             with self._lock:
                 stream = self._streams.get(command.request_id)

@@ -34,6 +34,7 @@ from .const import (
     LOGGER,
     REMOTE_METRICS_INTERVAL_S,
 )
+from .card import async_register_card
 from .entity import engine_device_info
 from .remote import RemoteBackend
 from .runtime import (
@@ -43,6 +44,7 @@ from .runtime import (
     take_pending_backend,
 )
 from .services import async_setup_services
+from .websocket_api import async_setup_websocket_api
 
 CONFIG_SCHEMA = cv.config_entry_only_config_schema(DOMAIN)
 PLATFORMS = (Platform.AI_TASK, Platform.CONVERSATION, Platform.SENSOR)
@@ -53,6 +55,9 @@ AGENT_PLATFORMS = (Platform.AI_TASK, Platform.CONVERSATION)
 async def async_setup(hass: HomeAssistant, config: ConfigType) -> bool:
     """Register the actions and stop backends no entry claimed when Home Assistant stops."""
     async_setup_services(hass)
+    # The block-map card and the subscription that feeds it.
+    async_setup_websocket_api(hass)
+    await async_register_card(hass)
 
     async def _async_stop_pending(_event: Event) -> None:
         """Stop the backends config flows started and no entry took over."""

@@ -384,6 +384,12 @@ class EmbeddedBackend:
         self._arm()
         return unsubscribe
 
+    async def block_map(self) -> dict[str, Any]:
+        """The KV pool's block map, taken on the engine thread (for the dashboard card)."""
+        block_map = await self.engine.block_map()
+        result: dict[str, Any] = block_map.as_dict()
+        return result
+
     def check_settings(self, config: EngineConfig) -> None:
         """Raise KVBudgetError when new settings cannot hold one full sequence (blocking).
 

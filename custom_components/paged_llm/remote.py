@@ -121,6 +121,10 @@ class RemoteBackend:
         """The model's context as the server reported it (or a conservative default)."""
         return self._context
 
+    async def block_map(self) -> dict[str, Any] | None:
+        """The server's block map (this project's server has one; others give None)."""
+        return await self.client.block_map()
+
     @property
     def kv_pool_tokens(self) -> None:
         """A server's pool is its own to share out; it is not known here."""

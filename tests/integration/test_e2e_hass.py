@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -190,7 +191,9 @@ class HomeAssistantProcess:
         return {state["entity_id"]: state for state in body}
 
 
-def _make_home_assistant(tmp_path: Path, hass_bin: Path = HASS) -> HomeAssistantProcess:
+def _make_home_assistant(
+    tmp_path: Path, hass_bin: Path = HASS, configuration: str = CONFIGURATION
+) -> HomeAssistantProcess:
     """A config folder with this integration linked in, and a Home Assistant for it."""
     config_dir = tmp_path / "config"
     (config_dir / "custom_components").mkdir(parents=True)
@@ -201,7 +204,7 @@ def _make_home_assistant(tmp_path: Path, hass_bin: Path = HASS) -> HomeAssistant
     docs.mkdir()
     port = _free_port()
     (config_dir / "configuration.yaml").write_text(
-        CONFIGURATION.format(port=port, docs=docs), encoding="utf-8"
+        configuration.format(port=port, docs=docs), encoding="utf-8"
     )
     return HomeAssistantProcess(config_dir, port, hass_bin)
 
@@ -213,15 +216,22 @@ def _kill(hass: HomeAssistantProcess) -> None:
         hass.process.wait()
 
 
-@pytest.fixture
-def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssistantProcess]:
-    """A fresh Home Assistant with this integration linked into its config folder."""
-    hass = _make_home_assistant(tmp_path)
+@contextlib.contextmanager
+def running_home_assistant(tmp_path: Path, configuration: str) -> Iterator[HomeAssistantProcess]:
+    """Start a Home Assistant with this integration linked in; kill it if still running after."""
+    hass = _make_home_assistant(tmp_path, configuration=configuration)
     hass.start()
     try:
         yield hass
     finally:
         _kill(hass)
+
+
+@pytest.fixture
+def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssistantProcess]:
+    """A fresh Home Assistant with this integration linked into its config folder."""
+    with running_home_assistant(tmp_path, CONFIGURATION) as hass:
+        yield hass
 
 
 def _create_entry(hass: HomeAssistantProcess, model: str) -> dict[str, Any]:

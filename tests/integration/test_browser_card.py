@@ -1,0 +1,222 @@
+"""The block-map card in a real browser: headless Chromium on a real, provisioned Home Assistant."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+import pytest
+from test_e2e_hass import CONFIGURATION as E2E_CONFIGURATION
+from test_e2e_hass import HomeAssistantProcess, running_home_assistant
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("PAGED_LLM_CHROMIUM") or shutil.which("chromium")
+# Where to copy the screenshot as well (docs/img when refreshing the README's picture).
+SCREENSHOT_DIR = os.environ.get("PAGED_LLM_SCREENSHOT_DIR")
+CARD = "paged-llm-block-map-card"
+# The end-to-end test's configuration plus what a dashboard and the burst script need.
+CONFIGURATION = E2E_CONFIGURATION + "frontend:\nscript: !include scripts.yaml\n"
+
+try:
+    from playwright.sync_api import Page, sync_playwright
+except ImportError:  # pragma: no cover - requirements_dev.txt pins it
+    sync_playwright = None  # type: ignore[assignment]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="Chromium is not installed (apt-get install chromium, or set PAGED_LLM_CHROMIUM)",
+    ),
+    pytest.mark.skipif(
+        sync_playwright is None, reason="playwright is not installed (requirements_dev.txt)"
+    ),
+]
+
+
+def _load_provisioner() -> ModuleType:
+    """scripts/develop_provision.py as a module: the test sets Home Assistant up the same way."""
+    spec = importlib.util.spec_from_file_location(
+        "develop_provision", ROOT / "scripts" / "develop_provision.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssistantProcess]:
+    """A Home Assistant with the frontend, a scripts file and this integration."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "scripts.yaml").write_text("", encoding="utf-8")
+    with running_home_assistant(tmp_path, CONFIGURATION) as hass:
+        yield hass
+
+
+def _legend(page: Page) -> dict[str, int]:
+    """The card's legend counts by key."""
+    counts: dict[str, int] = page.evaluate(
+        """(card) => {
+            const root = document.querySelector('home-assistant');
+            const find = (node) => {
+                if (!node) return null;
+                if (node.localName === card) return node;
+                for (const child of [...(node.shadowRoot ? node.shadowRoot.children : []),
+                                     ...node.children]) {
+                    const hit = find(child);
+                    if (hit) return hit;
+                }
+                return null;
+            };
+            const el = find(root);
+            const out = {};
+            for (const item of el.shadowRoot.querySelectorAll('.legend .item')) {
+                out[item.dataset.key] = Number(item.querySelector('.count').textContent);
+            }
+            return out;
+        }""",
+        CARD,
+    )
+    return counts
+
+
+def _grid(page: Page) -> str:
+    """The grid's pixels as a data URL."""
+    return str(page.locator(f"{CARD} canvas").evaluate("(c) => c.toDataURL()"))
+
+
+async def _engine_map(base: str, token: str, entry_id: str) -> dict[str, Any]:
+    """The engine's block map now, through the integration's own subscription."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(base + "/api/websocket") as ws,
+    ):
+        await ws.receive_json()
+        await ws.send_json({"type": "auth", "access_token": token})
+        assert (await ws.receive_json())["type"] == "auth_ok"
+        await ws.send_json({"id": 1, "type": "paged_llm/block_map/subscribe", "entry_id": entry_id})
+        assert (await ws.receive_json())["success"]
+        event = await ws.receive_json()
+        block_map: dict[str, Any] = event["event"]["block_map"]
+        return block_map
+
+
+def test_card_shows_the_pool_moving_in_chromium(
+    home_assistant: HomeAssistantProcess, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    hass = home_assistant
+    provisioner = _load_provisioner()
+    settings = {
+        **provisioner.ENTRY_SETTINGS,
+        "model": str(tiny_model_dir),
+        "device": "cpu",
+        "dtype": "float32",
+        "kv_budget_mib": 2,
+        "max_model_len": 0,
+    }
+    info = asyncio.run(provisioner.provision(hass.base, hass.config_dir, 120, settings))
+    hass.token = info["token"]
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.goto(info["url"])
+            page.get_by_role("textbox", name="Username").fill(info["username"])
+            page.get_by_role("textbox", name="Password").fill(info["password"])
+            page.keyboard.press("Enter")
+            errors: list[str] = []
+            page.on("pageerror", lambda err: errors.append(str(err)))
+            try:
+                page.locator(f"{CARD} .legend .item").first.wait_for(timeout=60_000)
+            except Exception:
+                page.screenshot(path=str(tmp_path / "failed.png"))
+                pytest.fail(
+                    f"the card did not show (page errors: {errors}; screenshot "
+                    f"{tmp_path / 'failed.png'}):\n{hass.log_tail()}"
+                )
+            idle_grid = _grid(page)
+            idle = _legend(page)
+            assert idle["interactive"] + idle["automation"] + idle["background"] == 0
+
+            status, body = hass.request(
+                "POST",
+                "/api/services/script/turn_on",
+                {"entity_id": f"script.{provisioner.BURST_SCRIPT}"},
+            )
+            assert status == 200, body
+            grids: set[str] = set()
+            busy_legends: list[dict[str, int]] = []
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:
+                legend = _legend(page)
+                if legend["interactive"] + legend["automation"] + legend["background"]:
+                    busy_legends.append(legend)
+                    grids.add(_grid(page))
+                    page.wait_for_timeout(250)
+                elif busy_legends:
+                    break  # the burst is over
+                else:
+                    page.wait_for_timeout(100)
+            assert busy_legends, "the card never showed a held block during the burst"
+            # The grid moved while the burst ran: two moments, two different pictures.
+            assert len(grids - {idle_grid}) >= 2, "the grid did not change during the burst"
+            assert max(leg["background"] for leg in busy_legends) > 0
+            total = sum(
+                idle[k] for k in ("interactive", "automation", "background", "cached", "free")
+            )
+            for legend in busy_legends:
+                keys = ("interactive", "automation", "background", "cached", "free")
+                assert sum(legend[k] for k in keys) == total
+
+            # Quiet again: the legend equals the engine's own map, taken on its thread.
+            def settled() -> dict[str, int]:
+                for _ in range(60):
+                    states = hass.states()
+                    script = states[f"script.{provisioner.BURST_SCRIPT}"]["state"]
+                    legend = _legend(page)
+                    used = legend["interactive"] + legend["automation"] + legend["background"]
+                    if script == "off" and used == 0:
+                        return legend
+                    page.wait_for_timeout(500)
+                pytest.fail("the burst did not finish")
+
+            page.wait_for_timeout(1200)  # one more push after the last change
+            final = settled()
+            # Playwright's sync API runs a loop in this thread; ask from another one.
+            with ThreadPoolExecutor(1) as pool:
+                engine = pool.submit(
+                    asyncio.run, _engine_map(hass.base, info["token"], info["entry_id"])
+                ).result(timeout=30)
+            assert final["cached"] == engine["cached"] > 0
+            assert final["free"] == engine["free"]
+            assert final["shared"] == engine["shared"]
+            assert final["cached"] + final["free"] == engine["num_blocks"] == total
+            blocks_sensor = next(
+                s for e, s in hass.states().items() if e.endswith("kv_blocks_in_use")
+            )
+            assert blocks_sensor["attributes"]["kv_blocks_total"] == total
+
+            shot = tmp_path / "block-map-card.png"
+            page.locator(CARD).screenshot(path=str(shot))
+            assert shot.stat().st_size > 0
+            if SCREENSHOT_DIR:
+                shutil.copy(shot, Path(SCREENSHOT_DIR) / shot.name)
+        finally:
+            browser.close()
+    print(f"browser test took {time.monotonic() - started:.1f} s; screenshot {shot}")
