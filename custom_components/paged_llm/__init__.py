@@ -24,6 +24,7 @@ from paged_llm.client import AuthenticationError, ClientError, OpenAIClient
 from paged_llm.protocol.snapshot import MetricsSnapshot
 
 from .backend import Backend, BackendError
+from .card import async_register_card
 from .const import (
     BACKEND_REMOTE,
     CONF_BACKEND,
@@ -34,7 +35,6 @@ from .const import (
     LOGGER,
     REMOTE_METRICS_INTERVAL_S,
 )
-from .card import async_register_card
 from .entity import engine_device_info
 from .remote import RemoteBackend
 from .runtime import (

@@ -123,7 +123,8 @@ class RemoteBackend:
 
     async def block_map(self) -> dict[str, Any] | None:
         """The server's block map (this project's server has one; others give None)."""
-        return await self.client.block_map()
+        block_map: dict[str, Any] | None = await self.client.block_map()
+        return block_map
 
     @property
     def kv_pool_tokens(self) -> None:
