@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_MODEL = "bundled:SmolLM2-135M-Instruct"
+# How linear weights are held (engine/quant.py): auto keeps a GGUF file's 4-bit layers
+# 4-bit where the CPU kernel is fast (bf16), float dequantizes, q4/q8 quantize at load.
+WEIGHT_CHOICES = ("auto", "float", "q4", "q8")
 
 
 class KVLayout(enum.StrEnum):
@@ -58,6 +61,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     cache_dir: Path | None = None
     enable_prefix_caching: bool = True
+    weights: str = "auto"
 
     def __post_init__(self) -> None:
         """Reject settings that cannot work, naming the setting."""
@@ -77,6 +81,10 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
+            )
+        if self.weights not in WEIGHT_CHOICES:
+            raise ValueError(
+                f"weights must be one of {', '.join(WEIGHT_CHOICES)}, got {self.weights!r}"
             )
         self.kv_layout = KVLayout(self.kv_layout)
         if self.cache_dir is not None:
