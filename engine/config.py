@@ -6,7 +6,10 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_MODEL = "bundled:SmolLM2-135M-Instruct"
+from paged_llm.protocol.defaults import DEFAULT_MODEL
+
+__all__ = ["DEFAULT_MODEL", "WEIGHT_CHOICES", "EngineConfig", "KVLayout", "SchedulerConfig"]
+
 # How linear weights are held (engine/quant.py): auto keeps a GGUF file's 4-bit layers
 # 4-bit where the CPU kernel is fast (bf16), float dequantizes, q4/q8 quantize at load.
 WEIGHT_CHOICES = ("auto", "float", "q4", "q8")

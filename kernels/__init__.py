@@ -5,7 +5,11 @@ unless a backend is forced per call (`backend=`), process-wide (`set_backend`,
 `use_backend`) or through $PAGED_LLM_ATTENTION_BACKEND. Triton is imported only when used.
 """
 
-from paged_llm.kernels.dispatch import (
+from paged_llm.protocol.requirements import require_engine_extra
+
+require_engine_extra(__name__, ("torch",))
+
+from paged_llm.kernels.dispatch import (  # noqa: E402
     BACKEND_ENV_VAR,
     BACKENDS,
     get_backend,
@@ -15,7 +19,7 @@ from paged_llm.kernels.dispatch import (
     store_kv,
     use_backend,
 )
-from paged_llm.kernels.triton_support import triton_import_error
+from paged_llm.kernels.triton_support import triton_import_error  # noqa: E402
 
 __all__ = [
     "BACKENDS",

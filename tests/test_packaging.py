@@ -21,9 +21,13 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 def test_editable_install_maps_folders_to_paged_llm() -> None:
     import paged_llm.engine
     import paged_llm.kernels
+    import paged_llm.protocol
+    import paged_llm.server
 
     assert Path(paged_llm.engine.__file__).parent == ROOT / "engine"
     assert Path(paged_llm.kernels.__file__).parent == ROOT / "kernels"
+    assert Path(paged_llm.protocol.__file__).parent == ROOT / "protocol"
+    assert Path(paged_llm.server.__file__).parent == ROOT / "server"
 
 
 def test_no_generic_top_level_modules(tmp_path: Path) -> None:
@@ -31,7 +35,8 @@ def test_no_generic_top_level_modules(tmp_path: Path) -> None:
     # in a fresh interpreter away from the checkout, as Home Assistant would import.
     probe = (
         "import importlib.util as u, sys;"
-        "print([n for n in ('engine', 'kernels') if (s := u.find_spec(n)) and s.origin and"
+        "names = ('engine', 'kernels', 'server', 'protocol', 'package');"
+        "print([n for n in names if (s := u.find_spec(n)) and s.origin and"
         f" s.origin.startswith({str(ROOT)!r})])"
     )
     result = subprocess.run(
@@ -44,13 +49,41 @@ def test_no_generic_top_level_modules(tmp_path: Path) -> None:
     assert result.stdout.strip() == "[]"
 
 
+def _names(requirements: list[str]) -> set[str]:
+    from packaging.requirements import Requirement
+
+    return {Requirement(req).name for req in requirements}
+
+
 def test_library_declares_python_and_dependencies() -> None:
     project = PYPROJECT["project"]
     assert project["requires-python"] == ">=3.12"
-    names = {
-        dep.split(">")[0].split("=")[0].split("<")[0].strip() for dep in project["dependencies"]
-    }
-    assert {"torch", "transformers", "gguf", "numpy"} <= names
+    # The plain install is what Home Assistant OS (musl) gets: nothing of PyTorch's world.
+    base = _names(project["dependencies"])
+    assert not base & {"torch", "transformers", "gguf", "accelerate", "numpy", "triton"}
+    assert {"aiohttp", "prometheus-client"} <= base
+    engine = _names(project["optional-dependencies"]["engine"])
+    assert {"torch", "transformers", "gguf", "accelerate", "numpy", "triton"} <= engine
+
+
+def test_engine_without_torch_says_what_to_install(tmp_path: Path) -> None:
+    probe = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import paged_llm.protocol.snapshot, paged_llm.client\n"
+        "for name in ('paged_llm.engine', 'paged_llm.kernels'):\n"
+        "    try:\n"
+        "        __import__(name)\n"
+        "    except ImportError as err:\n"
+        "        print(name, '|', err)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, check=True, capture_output=True, text=True
+    )
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2, result.stdout
+    for line in lines:
+        assert "'torch'" in line
+        assert "pip install 'paged-llm[engine]'" in line
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +117,18 @@ def test_wheel_holds_only_the_namespaced_packages(wheel: Path) -> None:
     code = [n for n in names if n.endswith(".py")]
     assert any(n == "paged_llm/engine/scheduler.py" for n in code)
     assert any(n.startswith("paged_llm/kernels/") for n in code)
-    assert all(n.startswith(("paged_llm/engine/", "paged_llm/kernels/")) for n in code)
-    assert "paged_llm/engine/py.typed" in names
+    assert any(n == "paged_llm/server/cli.py" for n in code)
+    assert any(n == "paged_llm/protocol/tool_calls.py" for n in code)
+    assert any(n == "paged_llm/client/openai.py" for n in code)
+    assert any(n == "paged_llm/protocol/snapshot.py" for n in code)
+    top = ("paged_llm/__init__.py", "paged_llm/__main__.py")
+    assert set(top) <= set(code)
+    parts = ("client", "engine", "kernels", "protocol", "server")
+    assert all(n.startswith(tuple(f"paged_llm/{p}/" for p in parts)) or n in top for n in code)
+    assert all(f"paged_llm/{p}/py.typed" in names for p in parts)
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "paged-llm = paged_llm.server.cli:main" in text
 
 
 def test_wheel_installs_and_imports_without_the_checkout(wheel: Path, tmp_path: Path) -> None:
@@ -117,6 +160,34 @@ def test_wheel_installs_and_imports_without_the_checkout(wheel: Path, tmp_path: 
     location = Path(result.stdout.strip())
     assert location.is_relative_to(venv), location
     assert not location.is_relative_to(ROOT)
+    # The command, both as the console script and as `python -m paged_llm`.
+    for command in ([str(venv / "bin" / "paged-llm")], [str(python), "-I", "-m", "paged_llm"]):
+        shown = subprocess.run(
+            [*command, "serve", "--help"], cwd=tmp_path, check=True, capture_output=True, text=True
+        )
+        assert "--api-key" in shown.stdout
+
+
+def test_protocol_imports_without_torch() -> None:
+    # The remote backend runs where PyTorch cannot be installed (Home Assistant OS).
+    probe = (
+        "import sys, paged_llm.protocol.tool_calls, paged_llm.protocol.requests,"
+        " paged_llm.protocol.responses, paged_llm.protocol.priority, paged_llm.protocol.metrics,"
+        " paged_llm.server.cli, paged_llm.server.app;"
+        "print(sorted(m for m in ('torch', 'transformers', 'homeassistant') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_python_m_paged_llm_runs_the_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "paged_llm", "--help"], check=True, capture_output=True, text=True
+    )
+    assert "serve" in result.stdout
+    assert "generate" in result.stdout
 
 
 def test_hacs_json() -> None:
@@ -182,8 +253,9 @@ def test_manifest_follows_hassfest_rules() -> None:
         "calculated",
     }
     assert manifest["documentation"].startswith("https://")
-    assert isinstance(manifest["requirements"], list)
-    assert manifest["requirements"]
+    # The PyPI name pinned to this version (not a git URL): Home Assistant upgrades the
+    # library when the pin changes, and the plain install brings no PyTorch.
+    assert manifest["requirements"] == [f"paged-llm=={PYPROJECT['project']['version']}"]
     assert isinstance(manifest["dependencies"], list)
     version = AwesomeVersion(manifest["version"])
     assert version.strategy in {AwesomeVersionStrategy.SEMVER, AwesomeVersionStrategy.SIMPLEVER}

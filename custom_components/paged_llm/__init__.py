@@ -1,4 +1,4 @@
-"""The Paged LLM integration: a local LLM served inside Home Assistant on a paged-KV engine."""
+"""The Paged LLM integration: a local LLM on a paged-KV engine, in Home Assistant or a server."""
 
 from __future__ import annotations
 
@@ -10,21 +10,16 @@ from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers.typing import ConfigType
 from homeassistant.helpers.update_coordinator import DataUpdateCoordinator
 
-from paged_llm.engine.metrics import MetricsSnapshot
+from paged_llm.protocol.snapshot import MetricsSnapshot
 
+from .backend import Backend
 from .const import DOMAIN, LOGGER
 from .entity import engine_device_info
 from .runtime import (
-    EngineImportError,
     PagedLLMConfigEntry,
     PagedLLMData,
-    TorchUnavailableError,
-    async_import_engine,
-    async_stop_pending_engines,
-    engine_config,
-    is_transient_load_error,
-    load_error_key,
-    take_pending_engine,
+    async_stop_pending_backends,
+    take_pending_backend,
 )
 from .services import async_setup_services
 
@@ -35,19 +30,29 @@ AGENT_PLATFORMS = (Platform.AI_TASK, Platform.CONVERSATION)
 
 
 async def async_setup(hass: HomeAssistant, config: ConfigType) -> bool:
-    """Register the actions and stop engines no entry claimed when Home Assistant stops."""
+    """Register the actions and stop backends no entry claimed when Home Assistant stops."""
     async_setup_services(hass)
 
     async def _async_stop_pending(_event: Event) -> None:
-        """Stop the engines config flows started and no entry took over."""
-        await async_stop_pending_engines(hass)
+        """Stop the backends config flows started and no entry took over."""
+        await async_stop_pending_backends(hass)
 
     hass.bus.async_listen_once(EVENT_HOMEASSISTANT_STOP, _async_stop_pending)
     return True
 
 
-async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> bool:
-    """Start the entry's engine (model load and KV pool off the event loop) and its entities."""
+async def _async_start_embedded(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> Backend:
+    """Start the entry's engine (model load and KV pool off the event loop)."""
+    from .embedded import (
+        EmbeddedBackend,
+        EngineImportError,
+        TorchUnavailableError,
+        async_import_engine,
+        engine_config,
+        is_transient_load_error,
+        load_error_key,
+    )
+
     try:
         module = await async_import_engine(hass)
     except (TorchUnavailableError, EngineImportError) as err:
@@ -65,22 +70,22 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
             translation_placeholders={"reason": str(err)},
         ) from err
 
-    engine = take_pending_engine(hass, entry.unique_id)
-    if engine is not None and (engine.config != config or not engine.is_running):
+    pending = take_pending_backend(hass, entry.unique_id)
+    if isinstance(pending, EmbeddedBackend) and pending.config == config and pending.available:
+        return pending
+    if pending is not None:
+        await pending.async_close()
+    engine = module.AsyncEngine(config)
+    try:
+        await engine.start()
+    except Exception as err:
         await engine.stop()
-        engine = None
-    if engine is None:
-        engine = module.AsyncEngine(config)
-        try:
-            await engine.start()
-        except Exception as err:
-            await engine.stop()
-            error = ConfigEntryNotReady if is_transient_load_error(err) else ConfigEntryError
-            raise error(
-                translation_domain=DOMAIN,
-                translation_key=load_error_key(err),
-                translation_placeholders={"reason": str(err)},
-            ) from err
+        error = ConfigEntryNotReady if is_transient_load_error(err) else ConfigEntryError
+        raise error(
+            translation_domain=DOMAIN,
+            translation_key=load_error_key(err),
+            translation_placeholders={"reason": str(err)},
+        ) from err
     LOGGER.debug(
         "Engine for %s running: %d KV blocks of %d tokens, context %d tokens",
         config.model,
@@ -88,10 +93,16 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
         config.block_size,
         engine.engine.max_model_len,
     )
+    return EmbeddedBackend(engine)
+
+
+async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> bool:
+    """Start the entry's backend, its metrics and its entities."""
+    backend = await _async_start_embedded(hass, entry)
 
     async def _async_latest_metrics() -> MetricsSnapshot:
         """The latest snapshot, for a manual refresh; the engine pushes the others."""
-        return engine.metrics()
+        return await backend.async_refresh_metrics()
 
     # Its own logger: a debug line per pushed snapshot would drown the integration's log.
     coordinator: DataUpdateCoordinator[MetricsSnapshot] = DataUpdateCoordinator(
@@ -102,46 +113,42 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
         update_interval=None,
         update_method=_async_latest_metrics,
     )
-    coordinator.async_set_updated_data(engine.metrics())
+    coordinator.async_set_updated_data(backend.metrics())
     device = dr.async_get(hass).async_get_or_create(
         config_entry_id=entry.entry_id, **engine_device_info(entry)
     )
     entry.runtime_data = PagedLLMData(
-        engine=engine, config=config, coordinator=coordinator, device_id=device.id
+        backend=backend, settings=dict(entry.data), coordinator=coordinator, device_id=device.id
     )
-    entry.async_on_unload(engine.subscribe(coordinator.async_set_updated_data))
+    entry.async_on_unload(backend.subscribe(coordinator.async_set_updated_data))
 
-    async def _async_stop_engine(_event: Event) -> None:
+    async def _async_stop_backend(_event: Event) -> None:
         """Stop the engine's thread and free its memory when Home Assistant stops."""
-        await engine.stop()
+        await backend.async_close()
 
-    entry.async_on_unload(hass.bus.async_listen(EVENT_HOMEASSISTANT_STOP, _async_stop_engine))
+    entry.async_on_unload(hass.bus.async_listen(EVENT_HOMEASSISTANT_STOP, _async_stop_backend))
 
     try:
         await hass.config_entries.async_forward_entry_setups(entry, PLATFORMS)
     except BaseException:
-        await engine.stop()
+        await backend.async_close()
         raise
     entry.async_on_unload(entry.add_update_listener(_async_update_listener))
     return True
 
 
 async def async_unload_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> bool:
-    """Remove the entities, then stop the engine and free the model and the KV pool."""
+    """Remove the entities, then stop the backend and free what it holds."""
     if not await hass.config_entries.async_unload_platforms(entry, PLATFORMS):
         return False
-    await entry.runtime_data.engine.stop()
+    await entry.runtime_data.backend.async_close()
     return True
 
 
 async def _async_update_listener(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> None:
-    """Restart the engine when its settings changed; otherwise only refresh the agents."""
+    """Restart the backend when its settings changed; otherwise only refresh the agents."""
     data = entry.runtime_data
-    try:
-        config = engine_config(hass, entry.data)
-    except ValueError:
-        config = None
-    if config != data.config:
+    if dict(entry.data) != data.settings:
         hass.config_entries.async_schedule_reload(entry.entry_id)
         return
     async with data.platform_lock:

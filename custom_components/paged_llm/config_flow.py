@@ -30,8 +30,7 @@ from homeassistant.helpers.selector import (
     TemplateSelector,
 )
 
-from paged_llm.engine.config import EngineConfig
-from paged_llm.engine.errors import EngineDeadError, KVBudgetError, ModelLoadError
+from paged_llm.protocol.defaults import DEFAULT_MODEL
 
 from .const import (
     BLOCK_SIZES,
@@ -53,7 +52,6 @@ from .const import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_MAX_TOKENS,
-    DEFAULT_MODEL,
     DEFAULT_TEMPERATURE,
     DEVICES,
     DOMAIN,
@@ -64,17 +62,18 @@ from .const import (
     SUBENTRY_AI_TASK,
     SUBENTRY_CONVERSATION,
 )
-from .runtime import (
+from .embedded import (
+    EmbeddedBackend,
+    EngineImportError,
+    TorchUnavailableError,
     async_import_engine,
     engine_config,
-    hand_over_engine,
     load_error_key,
     normalize_model,
 )
+from .runtime import hand_over_backend
 
 if TYPE_CHECKING:
-    from paged_llm.engine.async_engine import AsyncEngine
-
     from .runtime import PagedLLMConfigEntry
 
 BUNDLED_LABEL = "SmolLM2 135M Instruct (bundled, works offline)"
@@ -189,26 +188,15 @@ def model_title(model: str) -> str:
     return model
 
 
-def check_kv_budget(entry: PagedLLMConfigEntry, config: EngineConfig) -> None:
-    """Raise KVBudgetError when the new settings cannot hold one full sequence (blocking).
-
-    Exact only when the running engine already has the model on the same device and dtype;
-    otherwise the check is left to the restart.
-    """
-    # These import torch: fine here, in an executor, with the running engine's torch loaded.
-    from paged_llm.engine.llm_engine import plan_kv_pool
-    from paged_llm.engine.loader import resolve_device, resolve_dtype
-
-    try:
-        loaded = entry.runtime_data.engine.engine.loaded
-    except EngineDeadError:
-        return
-    if loaded.model is None:
-        return
-    device = resolve_device(config.device)
-    if device != loaded.device or resolve_dtype(config.dtype, device) != loaded.dtype:
-        return
-    plan_kv_pool(config, loaded)
+def check_engine_settings(
+    hass: HomeAssistant, entry: PagedLLMConfigEntry, data: Mapping[str, Any]
+) -> None:
+    """Raise when new settings are invalid or cannot hold one full sequence (blocking)."""
+    config = engine_config(hass, data)
+    if entry.state is ConfigEntryState.LOADED and isinstance(
+        backend := entry.runtime_data.backend, EmbeddedBackend
+    ):
+        backend.check_settings(config)
 
 
 class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
@@ -222,8 +210,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._data: dict[str, Any] = {}
         self._errors: dict[str, str] = {}
         self._reason = ""
-        self._load_task: asyncio.Task[AsyncEngine] | None = None
-        self._engine: AsyncEngine | None = None
+        self._load_task: asyncio.Task[EmbeddedBackend] | None = None
+        self._backend: EmbeddedBackend | None = None
 
     @override
     async def async_step_user(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
@@ -233,6 +221,11 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             await self.async_set_unique_id(data[CONF_MODEL])
             self._abort_if_unique_id_configured()
             self._data = data
+            try:
+                await async_import_engine(self.hass)
+            except (TorchUnavailableError, EngineImportError):
+                # The load step fails the same way and names it on the form.
+                return await self.async_step_load()
             try:
                 engine_config(self.hass, data)
             except ValueError as err:
@@ -247,12 +240,16 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             description_placeholders={"reason": self._reason},
         )
 
-    async def _async_start_engine(self, config: EngineConfig) -> AsyncEngine:
+    async def _async_start_engine(self) -> EmbeddedBackend:
         """Load the model and size the KV pool exactly as the entry will (the test)."""
         module = await async_import_engine(self.hass)
-        engine: AsyncEngine = module.AsyncEngine(config)
-        await engine.start()
-        return engine
+        engine = module.AsyncEngine(engine_config(self.hass, self._data))
+        try:
+            await engine.start()
+        except BaseException:
+            await engine.stop()
+            raise
+        return EmbeddedBackend(engine)
 
     async def async_step_load(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
         """Load the model in the background while the user waits on a progress step."""
@@ -260,9 +257,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         # finished task then moves the flow on by itself, without re-sending this input.
         if self._load_task is None or not self._load_task.done():
             if self._load_task is None:
-                config = engine_config(self.hass, self._data)
                 self._load_task = self.hass.async_create_task(
-                    self._async_start_engine(config), f"{DOMAIN} test load of {config.model}"
+                    self._async_start_engine(), f"{DOMAIN} test load of {self._data[CONF_MODEL]}"
                 )
             return self.async_show_progress(
                 step_id="load",
@@ -272,7 +268,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             )
         task, self._load_task = self._load_task, None
         try:
-            self._engine = task.result()
+            self._backend = task.result()
         except Exception as err:  # every failure becomes a form error naming it
             LOGGER.warning("Model %s failed to load: %s", self._data[CONF_MODEL], err)
             self._errors, self._reason = {"base": load_error_key(err)}, str(err)
@@ -281,10 +277,10 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
 
     async def async_step_finish(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
         """Create the entry with a conversation agent and an AI task agent ready to use."""
-        assert self._engine is not None
+        assert self._backend is not None
         assert self.unique_id is not None
-        engine, self._engine = self._engine, None
-        hand_over_engine(self.hass, self.unique_id, engine)
+        backend, self._backend = self._backend, None
+        hand_over_backend(self.hass, self.unique_id, backend)
         return self.async_create_entry(
             title=model_title(self._data[CONF_MODEL]),
             data=self._data,
@@ -314,13 +310,14 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         if user_input is not None:
             data = {**entry.data, **coerce_engine_input(user_input)}
             try:
-                config = engine_config(self.hass, data)
-                if entry.state is ConfigEntryState.LOADED:
-                    await self.hass.async_add_executor_job(check_kv_budget, entry, config)
-            except (KVBudgetError, ModelLoadError) as err:
-                errors["base"], reason = load_error_key(err), str(err)
+                await async_import_engine(self.hass)
+                await self.hass.async_add_executor_job(
+                    check_engine_settings, self.hass, entry, data
+                )
             except ValueError as err:
                 errors["base"], reason = "invalid_settings", str(err)
+            except Exception as err:  # KV budget, model load, engine import: named on the form
+                errors["base"], reason = load_error_key(err), str(err)
             else:
                 if entry.state is not ConfigEntryState.LOADED:
                     # No update listener runs for an entry that failed to start.
@@ -337,9 +334,11 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
     @override
     def async_remove(self) -> None:
         """Stop an engine this flow started but never handed to an entry."""
-        if self._engine is not None:
-            engine, self._engine = self._engine, None
-            self.hass.async_create_background_task(engine.stop(), f"{DOMAIN} stop test engine")
+        if self._backend is not None:
+            backend, self._backend = self._backend, None
+            self.hass.async_create_background_task(
+                backend.async_close(), f"{DOMAIN} stop test engine"
+            )
 
     @classmethod
     @callback

@@ -8,18 +8,17 @@ from importlib import metadata
 from typing import Any
 
 from homeassistant.components.diagnostics import async_redact_data
-from homeassistant.const import CONF_PROMPT
+from homeassistant.const import CONF_API_KEY, CONF_PROMPT
 from homeassistant.const import __version__ as HA_VERSION
 from homeassistant.core import HomeAssistant
 from homeassistant.loader import async_get_integration
-
-from paged_llm.engine.errors import EngineDeadError
 
 from .const import DOMAIN
 from .runtime import PagedLLMConfigEntry
 
 # Instructions may name people and places in the home; they are not needed to debug.
-TO_REDACT = {CONF_PROMPT}
+# A server's API key is a secret.
+TO_REDACT = {CONF_API_KEY, CONF_PROMPT}
 
 
 def _package_version(name: str) -> str | None:
@@ -50,36 +49,11 @@ def _versions() -> dict[str, Any]:
     return versions
 
 
-def _engine_figures(entry: PagedLLMConfigEntry) -> dict[str, Any]:
-    """What the running engine reports about itself and its KV pool."""
-    data = entry.runtime_data
-    engine = data.engine
-    figures: dict[str, Any] = {
-        "is_running": engine.is_running,
-        "error": repr(engine.error) if engine.error else None,
-        "config": {
-            **dataclasses.asdict(data.config),
-            "cache_dir": str(data.config.cache_dir),
-            "kv_layout": str(data.config.kv_layout),
-        },
-    }
-    try:
-        llm_engine = engine.engine
-    except EngineDeadError:
-        return figures
-    loaded = llm_engine.loaded
-    figures.update(
-        {
-            "model": loaded.name,
-            "device": str(loaded.device),
-            "dtype": str(loaded.dtype),
-            "max_model_len": llm_engine.max_model_len,
-            "num_kv_blocks": llm_engine.num_kv_blocks,
-            "block_size": data.config.block_size,
-            "eos_token_ids": list(loaded.eos_token_ids),
-        }
-    )
-    snapshot = engine.metrics()
+def _backend_figures(entry: PagedLLMConfigEntry) -> dict[str, Any]:
+    """What the backend reports about itself, and its latest metrics."""
+    backend = entry.runtime_data.backend
+    figures = backend.diagnostics()
+    snapshot = backend.metrics()
     figures["metrics"] = {
         **dataclasses.asdict(snapshot),
         "prefix_cache_hit_rate": snapshot.prefix_cache_hit_rate,
@@ -99,7 +73,7 @@ async def async_get_config_entry_diagnostics(
     return {
         "entry": {
             "title": entry.title,
-            "data": dict(entry.data),
+            "data": async_redact_data(dict(entry.data), TO_REDACT),
             "subentries": [
                 {
                     "type": subentry.subentry_type,
@@ -109,6 +83,6 @@ async def async_get_config_entry_diagnostics(
                 for subentry in entry.subentries.values()
             ],
         },
-        "engine": _engine_figures(entry),
+        "engine": _backend_figures(entry),
         "versions": versions,
     }

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import probatio
 from homeassistant.components import conversation
 from homeassistant.config_entries import ConfigSubentry
-from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import device_registry as dr
+from homeassistant.helpers import llm
 from homeassistant.helpers.entity import Entity
 
-from paged_llm.engine.errors import EngineDeadError, EngineError
-from paged_llm.engine.sequence import SamplingParams
-
+from .backend import BackendError, Sampling
+from .chat import async_stream
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
@@ -23,20 +22,10 @@ from .const import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     DOMAIN,
-    LOGGER,
     MAX_TOOL_ITERATIONS,
 )
-from .prompt import (
-    PLAIN_STOP,
-    build_messages,
-    chat_template,
-    format_tool,
-    json_schema_instruction,
-    render_plain,
-    template_knows_tools,
-    trim_history,
-)
-from .runtime import PagedLLMConfigEntry, engine_error
+from .prompt import build_messages, format_tool, json_schema_instruction, trim_history
+from .runtime import PagedLLMConfigEntry, ha_error
 from .tool_calls import ToolCallStream
 
 MANUFACTURER = "Paged LLM"
@@ -53,17 +42,14 @@ def engine_device_info(entry: PagedLLMConfigEntry) -> dr.DeviceInfo:
     )
 
 
-def sampling_params(settings: dict[str, Any], **overrides: Any) -> SamplingParams:
-    """Sampling settings of an agent (raises a translated error for invalid values)."""
+def agent_sampling(settings: Mapping[str, Any], **overrides: Any) -> Sampling:
+    """Sampling settings of an agent or an action, with the defaults filled in."""
     values: dict[str, Any] = {
         "max_tokens": int(settings.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)),
         "temperature": float(settings.get(CONF_TEMPERATURE, DEFAULT_TEMPERATURE)),
         **overrides,
     }
-    try:
-        return SamplingParams(**values)
-    except EngineError as err:
-        raise engine_error(err) from err
+    return Sampling(**values)
 
 
 class PagedLLMBaseLLMEntity(Entity):
@@ -94,13 +80,10 @@ class PagedLLMBaseLLMEntity(Entity):
     ) -> None:
         """Answer the chat log, running tool calls until the model answers in words."""
         settings = dict(self.subentry.data)
-        engine = self.entry.runtime_data.engine
         try:
-            tokenizer = engine.engine.tokenizer
-        except EngineDeadError as err:
-            raise engine_error(err) from err
-        templated = chat_template(tokenizer) is not None
-        native_tools = template_knows_tools(tokenizer)
+            native_tools = self.entry.runtime_data.backend.native_tools
+        except BackendError as err:
+            raise ha_error(err) from err
 
         tools: list[dict[str, Any]] | None = None
         tool_names: set[str] = set()
@@ -110,7 +93,7 @@ class PagedLLMBaseLLMEntity(Entity):
             tools = [format_tool(tool, serializer) for tool in chat_log.llm_api.tools]
             tool_names = {tool.name for tool in chat_log.llm_api.tools}
         json_instruction = json_schema_instruction(structure, serializer) if structure else None
-        params = sampling_params(settings, stop=() if templated else PLAIN_STOP)
+        sampling = agent_sampling(settings)
         max_history = int(settings.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
 
         for _iteration in range(MAX_TOOL_ITERATIONS):
@@ -120,10 +103,9 @@ class PagedLLMBaseLLMEntity(Entity):
                 native_tools=native_tools,
                 json_instruction=json_instruction,
             )
-            prompt: str | list[dict[str, Any]] = messages if templated else render_plain(messages)
             parser = ToolCallStream(tool_names) if tools else None
             stream = self._async_stream(
-                chat_log, prompt, params, tools if native_tools else None, parser
+                chat_log, messages, sampling, tools if native_tools else None, parser
             )
             async for _content in chat_log.async_add_delta_content_stream(self.entity_id, stream):
                 pass
@@ -133,36 +115,23 @@ class PagedLLMBaseLLMEntity(Entity):
     async def _async_stream(
         self,
         chat_log: conversation.ChatLog,
-        prompt: str | list[dict[str, Any]],
-        params: SamplingParams,
-        template_tools: list[dict[str, Any]] | None,
+        messages: list[dict[str, Any]],
+        sampling: Sampling,
+        native_tools: list[dict[str, Any]] | None,
         parser: ToolCallStream | None,
     ) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
         """Stream one model answer as chat-log deltas, tool calls last."""
-        engine = self.entry.runtime_data.engine
         yield {"role": "assistant"}
         last = None
-        try:
-            async for out in engine.generate(prompt, params, self._priority, tools=template_tools):
-                last = out
-                text = parser.feed(out.text) if parser else out.text
-                if text:
-                    yield {"content": text}
-        except EngineError as err:
-            if isinstance(err, EngineDeadError) and engine.error is not None:
-                # The step loop crashed: restart the engine rather than stay broken.
-                LOGGER.error("The engine failed (%s); restarting it", engine.error)
-                self.hass.config_entries.async_schedule_reload(self.entry.entry_id)
-            raise engine_error(err) from err
-        except HomeAssistantError:
-            raise
-        except Exception as err:
-            LOGGER.exception("Generation failed")
-            raise HomeAssistantError(
-                translation_domain=DOMAIN,
-                translation_key="generation_failed",
-                translation_placeholders={"reason": str(err)},
-            ) from err
+        calls: list[llm.ToolInput] = []
+        async for delta in async_stream(
+            self.hass, self.entry, messages, sampling, self._priority, native_tools
+        ):
+            last = delta
+            calls.extend(delta.tool_calls)
+            text = parser.feed(delta.text) if parser else delta.text
+            if text:
+                yield {"content": text}
         if last is not None:
             chat_log.async_trace(
                 {
@@ -177,5 +146,6 @@ class PagedLLMBaseLLMEntity(Entity):
         if parser is not None:
             if rest := parser.finish():
                 yield {"content": rest}
-            if parser.calls:
-                yield {"tool_calls": parser.calls}
+            calls.extend(parser.calls)
+        if calls:
+            yield {"tool_calls": calls}

@@ -17,7 +17,7 @@ from homeassistant.core import HomeAssistant
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 from homeassistant.helpers.update_coordinator import CoordinatorEntity, DataUpdateCoordinator
 
-from paged_llm.engine.metrics import MetricsSnapshot
+from paged_llm.protocol.snapshot import MetricsSnapshot
 
 from .entity import engine_device_info
 from .runtime import PagedLLMConfigEntry
@@ -165,9 +165,9 @@ class PagedLLMSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], 
 
     @property
     def available(self) -> bool:
-        """Unavailable once the engine has stopped or crashed."""
+        """Unavailable once the engine has stopped or crashed, or the server is away."""
         data = getattr(self.entry, "runtime_data", None)
-        return super().available and data is not None and data.engine.is_running
+        return super().available and data is not None and data.backend.available
 
     @property
     def native_value(self) -> float | int | None:

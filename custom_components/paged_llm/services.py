@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import probatio
 from homeassistant.core import HomeAssistant, ServiceCall, ServiceResponse, SupportsResponse
-from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
+from homeassistant.exceptions import ServiceValidationError
 from homeassistant.helpers import config_validation as cv
 from homeassistant.helpers import selector, service
 
-from paged_llm.engine.errors import EngineDeadError, EngineError
-from paged_llm.engine.sequence import Priority, SamplingParams
-
+from .chat import async_complete
 from .const import (
     ATTR_CONFIG_ENTRY_ID,
     ATTR_MAX_TOKENS,
@@ -30,23 +26,15 @@ from .const import (
     DEFAULT_SUMMARY_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     DOMAIN,
-    LOGGER,
     MAX_MAX_TOKENS,
     MAX_SUMMARY_FILE_BYTES,
     PRIORITIES,
-    PRIORITY_SUMMARY,
     SERVICE_GENERATE,
     SERVICE_SUMMARIZE,
-    SUMMARY_CHUNK_CONCURRENCY,
-    SUMMARY_COMBINE_PROMPT,
-    SUMMARY_PROMPT,
 )
-from .entity import sampling_params
-from .prompt import PLAIN_STOP, chat_template, render_plain
-from .runtime import PagedLLMConfigEntry, engine_error
-
-if TYPE_CHECKING:
-    from paged_llm.engine.async_engine import AsyncEngine
+from .entity import agent_sampling
+from .runtime import PagedLLMConfigEntry
+from .summarize import Summarizer
 
 _ENTRY_FIELD = {
     probatio.Optional(ATTR_CONFIG_ENTRY_ID): selector.ConfigEntrySelector({"integration": DOMAIN})
@@ -81,55 +69,6 @@ SUMMARIZE_SCHEMA = probatio.Schema(
 )
 
 
-@dataclass
-class Completion:
-    """A finished request: its text and token counts."""
-
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-def _prompt(engine: AsyncEngine, messages: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    """Chat messages for models with a chat template, a transcript for those without."""
-    if chat_template(engine.engine.tokenizer) is not None:
-        return messages
-    return render_plain(messages)
-
-
-async def async_complete(
-    engine: AsyncEngine,
-    messages: list[dict[str, Any]],
-    params: SamplingParams,
-    priority: str | Priority,
-) -> Completion:
-    """Run one request to the end; engine errors become translated Home Assistant errors."""
-    parts: list[str] = []
-    last = None
-    try:
-        async for out in engine.generate(_prompt(engine, messages), params, priority):
-            parts.append(out.text)
-            last = out
-    except EngineError as err:
-        raise engine_error(err) from err
-    except Exception as err:
-        LOGGER.exception("Generation failed")
-        raise HomeAssistantError(
-            translation_domain=DOMAIN,
-            translation_key="generation_failed",
-            translation_placeholders={"reason": str(err)},
-        ) from err
-    return Completion(
-        text="".join(parts).strip(),
-        finish_reason=str(last.finish_reason) if last and last.finish_reason else None,
-        prompt_tokens=last.prompt_tokens if last else 0,
-        completion_tokens=last.completion_tokens if last else 0,
-        cached_tokens=last.cached_tokens if last else 0,
-    )
-
-
 def _loaded_entry(hass: HomeAssistant, call: ServiceCall) -> PagedLLMConfigEntry:
     """The entry an action targets: the one given, or the only loaded one."""
     entry: PagedLLMConfigEntry = service.async_get_config_entry(
@@ -138,24 +77,16 @@ def _loaded_entry(hass: HomeAssistant, call: ServiceCall) -> PagedLLMConfigEntry
     return entry
 
 
-def _running_engine(entry: PagedLLMConfigEntry) -> AsyncEngine:
-    """The entry's engine, or a translated error when it no longer runs."""
-    engine = entry.runtime_data.engine
-    if not engine.is_running:
-        raise engine_error(EngineDeadError(str(engine.error or "the engine is not running")))
-    return engine
-
-
-def parse_priority(value: str) -> Priority:
+def parse_priority(value: str) -> str:
     """The request class for a name, or a translated error listing the known ones."""
-    try:
-        return Priority.parse(value.strip().lower())
-    except ValueError as err:
+    name = value.strip().lower()
+    if name not in PRIORITIES:
         raise ServiceValidationError(
             translation_domain=DOMAIN,
             translation_key="invalid_priority",
             translation_placeholders={"priority": value, "priorities": ", ".join(PRIORITIES)},
-        ) from err
+        )
+    return name
 
 
 def read_allowed_file(hass: HomeAssistant, path: str) -> str:
@@ -187,69 +118,6 @@ def read_allowed_file(hass: HomeAssistant, path: str) -> str:
     return file.read_text(encoding="utf-8", errors="replace")
 
 
-class Summarizer:
-    """Summarises text of any length: chunks beyond the context are summarised, then merged."""
-
-    def __init__(self, hass: HomeAssistant, engine: AsyncEngine, params: SamplingParams) -> None:
-        """Prepare for one summary."""
-        self.hass = hass
-        self.engine = engine
-        self.params = params
-        self.chunks = 0
-        self.requests = 0
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self._slots = asyncio.Semaphore(SUMMARY_CHUNK_CONCURRENCY)
-
-    def _messages(self, instruction: str, text: str) -> list[dict[str, Any]]:
-        """The request for one piece of text."""
-        return [{"role": "user", "content": f"{instruction}\n\n{text}"}]
-
-    def _split(self, instruction: str, text: str) -> list[str]:
-        """Cut text into pieces whose request fits the context (blocking: tokenizes)."""
-        llm_engine = self.engine.engine
-        tokenizer = llm_engine.tokenizer
-        overhead = len(llm_engine.tokenize(_prompt(self.engine, self._messages(instruction, "."))))
-        budget = llm_engine.max_model_len - self.params.max_tokens - overhead - 8
-        ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) <= budget:
-            return [text]
-        if budget < 4 * self.params.max_tokens:
-            # Each round of merging must at least halve the text, or it would never end.
-            raise ServiceValidationError(
-                translation_domain=DOMAIN,
-                translation_key="summary_max_tokens_too_large",
-                translation_placeholders={
-                    "max_tokens": str(self.params.max_tokens),
-                    "context": str(llm_engine.max_model_len),
-                },
-            )
-        return [tokenizer.decode(ids[i : i + budget]) for i in range(0, len(ids), budget)]
-
-    async def _summarize_piece(self, instruction: str, text: str) -> str:
-        """Summarise one piece that fits the context."""
-        async with self._slots:
-            done = await async_complete(
-                self.engine, self._messages(instruction, text), self.params, PRIORITY_SUMMARY
-            )
-        self.requests += 1
-        self.prompt_tokens += done.prompt_tokens
-        self.completion_tokens += done.completion_tokens
-        return done.text
-
-    async def async_summarize(self, text: str, instruction: str = SUMMARY_PROMPT) -> str:
-        """Summarise ``text``, splitting and merging as often as its length needs."""
-        pieces = await self.hass.async_add_executor_job(self._split, instruction, text)
-        self.chunks = self.chunks or len(pieces)
-        if len(pieces) == 1:
-            return await self._summarize_piece(instruction, pieces[0])
-        partial = await asyncio.gather(
-            *(self._summarize_piece(SUMMARY_PROMPT, piece) for piece in pieces)
-        )
-        # Every round at least halves the text (see _split), so this recursion is shallow.
-        return await self.async_summarize("\n\n".join(partial), SUMMARY_COMBINE_PROMPT)
-
-
 async def _async_generate(call: ServiceCall) -> ServiceResponse:
     """Answer a prompt in the requested priority class."""
     entry = _loaded_entry(call.hass, call)
@@ -257,18 +125,14 @@ async def _async_generate(call: ServiceCall) -> ServiceResponse:
     if not prompt.strip():
         raise ServiceValidationError(translation_domain=DOMAIN, translation_key="empty_prompt")
     priority = parse_priority(call.data[ATTR_PRIORITY])
-    engine = _running_engine(entry)
-    params = sampling_params(
-        {},
-        max_tokens=call.data[ATTR_MAX_TOKENS],
-        temperature=call.data[ATTR_TEMPERATURE],
-        stop=() if chat_template(engine.engine.tokenizer) is not None else PLAIN_STOP,
+    sampling = agent_sampling(
+        {}, max_tokens=call.data[ATTR_MAX_TOKENS], temperature=call.data[ATTR_TEMPERATURE]
     )
     messages: list[dict[str, Any]] = []
     if system := call.data.get(ATTR_SYSTEM_PROMPT):
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": prompt})
-    done = await async_complete(engine, messages, params, priority)
+    done = await async_complete(call.hass, entry, messages, sampling, priority)
     return {
         "text": done.text,
         "finish_reason": done.finish_reason,
@@ -291,14 +155,10 @@ async def _async_summarize(call: ServiceCall) -> ServiceResponse:
     assert text is not None
     if not text.strip():
         raise ServiceValidationError(translation_domain=DOMAIN, translation_key="empty_text")
-    engine = _running_engine(entry)
-    params = sampling_params(
-        {},
-        max_tokens=call.data[ATTR_MAX_TOKENS],
-        temperature=call.data[ATTR_TEMPERATURE],
-        stop=() if chat_template(engine.engine.tokenizer) is not None else PLAIN_STOP,
+    sampling = agent_sampling(
+        {}, max_tokens=call.data[ATTR_MAX_TOKENS], temperature=call.data[ATTR_TEMPERATURE]
     )
-    summarizer = Summarizer(hass, engine, params)
+    summarizer = Summarizer(hass, entry, sampling)
     summary = await summarizer.async_summarize(text)
     return {
         "summary": summary,

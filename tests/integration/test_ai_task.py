@@ -39,7 +39,7 @@ async def test_generate_data_returns_text_as_automation_request(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
     entity_id = _ai_task_entity_id(hass, init_integration)
-    engine = init_integration.runtime_data.engine
+    engine = init_integration.runtime_data.backend.engine
     priorities: list[Any] = []
     real_generate = engine.generate
 
@@ -67,7 +67,7 @@ async def test_structure_that_the_model_does_not_follow_fails_clearly(
 ) -> None:
     entity_id = _ai_task_entity_id(hass, init_integration)
     prompts: list[Any] = []
-    engine = init_integration.runtime_data.engine
+    engine = init_integration.runtime_data.backend.engine
     real_generate = engine.generate
 
     def observed(prompt: Any, *args: Any, **kwargs: Any) -> Any:
@@ -104,7 +104,7 @@ async def test_structured_answer_is_parsed_and_validated(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
     entity_id = _ai_task_entity_id(hass, init_integration)
-    engine = init_integration.runtime_data.engine
+    engine = init_integration.runtime_data.backend.engine
 
     async def scripted(*_args: Any, **_kwargs: Any) -> AsyncIterator[RequestOutput]:
         for i, piece in enumerate(['```json\n{"name": "Hall", ', '"count": 3}\n```'], 1):

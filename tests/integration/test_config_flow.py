@@ -82,11 +82,11 @@ async def test_happy_path_loads_once_and_creates_entry_with_agents(
     assert entry.state is ConfigEntryState.LOADED
     # The engine the flow test-loaded is the one the entry runs: the model loaded once.
     assert start.call_count == 1
-    assert entry.runtime_data.engine.is_running
+    assert entry.runtime_data.backend.engine.is_running
     entities = er.async_entries_for_config_entry(er.async_get(hass), entry.entry_id)
     domains = sorted({e.domain for e in entities})
     assert domains == ["ai_task", "conversation", "sensor"]
-    engine = entry.runtime_data.engine
+    engine = entry.runtime_data.backend.engine
     assert await hass.config_entries.async_unload(entry.entry_id)
     assert not engine.is_running
 
@@ -132,7 +132,7 @@ async def test_torch_unavailable_is_a_form_error(
             raise ImportError("libtorch_cpu.so: cannot open shared object file")
         return real_import(name, package)
 
-    with patch("custom_components.paged_llm.runtime.importlib.import_module", no_torch):
+    with patch("custom_components.paged_llm.embedded.importlib.import_module", no_torch):
         result = await _user_flow(hass, engine_settings)
     assert result["errors"] == {"base": "torch_unavailable"}
     assert "libtorch_cpu.so" in result["description_placeholders"]["reason"]
@@ -157,7 +157,7 @@ async def test_reconfigure_restarts_engine_with_new_kv_budget(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
     entry = init_integration
-    old_engine = entry.runtime_data.engine
+    old_engine = entry.runtime_data.backend.engine
     old_blocks = old_engine.engine.num_kv_blocks
 
     result = await entry.start_reconfigure_flow(hass)
@@ -181,7 +181,7 @@ async def test_reconfigure_restarts_engine_with_new_kv_budget(
 
     assert entry.state is ConfigEntryState.LOADED
     assert entry.data["kv_budget_mib"] == 8
-    new_engine = entry.runtime_data.engine
+    new_engine = entry.runtime_data.backend.engine
     assert new_engine is not old_engine
     assert not old_engine.is_running
     assert new_engine.is_running
@@ -193,7 +193,7 @@ async def test_reconfigure_rejects_settings_the_model_cannot_hold(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
     entry = init_integration
-    engine = entry.runtime_data.engine
+    engine = entry.runtime_data.backend.engine
     result = await entry.start_reconfigure_flow(hass)
     result = await hass.config_entries.flow.async_configure(
         result["flow_id"],
@@ -211,7 +211,7 @@ async def test_reconfigure_rejects_settings_the_model_cannot_hold(
     assert "4096" in result["description_placeholders"]["reason"]
     await hass.async_block_till_done()
     # Nothing changed: the same engine keeps running.
-    assert entry.runtime_data.engine is engine
+    assert entry.runtime_data.backend.engine is engine
     assert engine.is_running
 
 
@@ -219,7 +219,7 @@ async def test_conversation_subentry_flow(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
     entry = init_integration
-    engine = entry.runtime_data.engine
+    engine = entry.runtime_data.backend.engine
     before = set(entry.subentries)
     assert await async_setup_component(hass, "llm", {})
     result = await hass.config_entries.subentries.async_init(
@@ -262,7 +262,7 @@ async def test_conversation_subentry_flow(
     assert entity_id is not None
     assert hass.states.get(entity_id) is not None
     # A new agent does not reload the model.
-    assert entry.runtime_data.engine is engine
+    assert entry.runtime_data.backend.engine is engine
 
     result = await entry.start_subentry_reconfigure_flow(hass, subentry_id)
     assert result["type"] is FlowResultType.FORM
@@ -277,7 +277,7 @@ async def test_conversation_subentry_flow(
         CONF_PROMPT: "Answer in one word.",
         "max_tokens": 4,
     }
-    assert entry.runtime_data.engine is engine
+    assert entry.runtime_data.backend.engine is engine
     assert hass.states.get(entity_id) is not None
 
 

@@ -49,7 +49,7 @@ async def test_streamed_deltas_reach_the_chat_log_in_order(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
     entity_id = _conversation_entity_id(hass, init_integration)
-    engine = init_integration.runtime_data.engine
+    engine = init_integration.runtime_data.backend.engine
     engine_texts: list[str] = []
     priorities: list[Any] = []
     real_generate = engine.generate
@@ -88,7 +88,7 @@ async def test_second_turn_sees_the_first(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
     entity_id = _conversation_entity_id(hass, init_integration)
-    engine = init_integration.runtime_data.engine
+    engine = init_integration.runtime_data.backend.engine
     prompts: list[list[dict[str, Any]]] = []
     cached: list[int] = []
     real_generate = engine.generate
@@ -162,6 +162,7 @@ class _StandInEngine:
         self.answers = answers
         self.prompts: list[list[dict[str, Any]]] = []
         self.error = None
+        self.is_running = True
 
     @property
     def engine(self) -> Any:
@@ -199,7 +200,7 @@ async def test_tool_call_loop_runs_the_tool_and_returns_its_result(
     await hass.async_block_till_done()
     entity_id = _conversation_entity_id(hass, entry)
 
-    real = entry.runtime_data.engine
+    real = entry.runtime_data.backend.engine
     # The tool call arrives split across deltas, after a little text, as models stream it.
     stand_in = _StandInEngine(
         real,
@@ -213,7 +214,7 @@ async def test_tool_call_loop_runs_the_tool_and_returns_its_result(
             ["It is ", "sunny in Oslo."],
         ],
     )
-    entry.runtime_data.engine = stand_in  # type: ignore[assignment]
+    entry.runtime_data.backend.engine = stand_in  # type: ignore[assignment]
     deltas: list[dict[str, Any]] = []
     try:
         with (
@@ -226,7 +227,7 @@ async def test_tool_call_loop_runs_the_tool_and_returns_its_result(
                 hass, "Weather in Oslo?", session.conversation_id, Context(), agent_id=entity_id
             )
     finally:
-        entry.runtime_data.engine = real
+        entry.runtime_data.backend.engine = real
         unregister()
 
     assert tool.calls == [{"city": "Oslo"}]
@@ -269,7 +270,7 @@ async def test_tools_go_through_a_chat_template_that_knows_them(
         entry, subentry, data={**subentry.data, CONF_LLM_HASS_API: ["weather_api"]}
     )
     await hass.async_block_till_done()
-    engine = entry.runtime_data.engine
+    engine = entry.runtime_data.backend.engine
     tokenizer = engine.engine.tokenizer
     original = tokenizer.chat_template
     calls: list[tuple[Any, Any]] = []

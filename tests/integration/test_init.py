@@ -67,7 +67,7 @@ async def test_unload_and_reload_five_times_leaves_nothing_behind(
     models: list[weakref.ref[Any]] = []
     baseline = 0
     for cycle in range(5):
-        engine = mock_config_entry.runtime_data.engine
+        engine = mock_config_entry.runtime_data.backend.engine
         engines.append(weakref.ref(engine))
         pools.append(weakref.ref(engine.engine.runner.kv_caches[0][0]))
         models.append(weakref.ref(engine.engine.loaded.model))
@@ -144,7 +144,7 @@ async def test_torch_unavailable_fails_setup_with_a_translated_error(
             raise ImportError("Error loading shared library libgomp.so.1: No such file")
         return real_import(name, package)
 
-    with patch("custom_components.paged_llm.runtime.importlib.import_module", no_torch):
+    with patch("custom_components.paged_llm.embedded.importlib.import_module", no_torch):
         assert not await hass.config_entries.async_setup(mock_config_entry.entry_id)
         await hass.async_block_till_done()
     assert mock_config_entry.state is ConfigEntryState.SETUP_ERROR
@@ -157,7 +157,7 @@ async def test_torch_unavailable_fails_setup_with_a_translated_error(
 async def test_home_assistant_stop_stops_the_engine(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
-    engine = init_integration.runtime_data.engine
+    engine = init_integration.runtime_data.backend.engine
     assert engine.is_running
     await hass.async_stop(force=True)
     assert not engine.is_running

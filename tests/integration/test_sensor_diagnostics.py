@@ -83,7 +83,7 @@ async def test_a_manual_refresh_reads_the_latest_snapshot(
 async def test_sensors_become_unavailable_when_the_engine_stops(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
-    await init_integration.runtime_data.engine.stop()
+    await init_integration.runtime_data.backend.engine.stop()
     init_integration.runtime_data.coordinator.async_update_listeners()
     await hass.async_block_till_done()
     assert hass.states.get("sensor.tiny_kv_cache_usage").state == "unavailable"
@@ -110,7 +110,8 @@ async def test_diagnostics_hold_settings_figures_and_versions_but_no_prompts(
     assert engine["is_running"] is True
     assert engine["device"] == "cpu"
     assert engine["dtype"] == "torch.float32"
-    assert engine["num_kv_blocks"] == init_integration.runtime_data.engine.engine.num_kv_blocks
+    llm_engine = init_integration.runtime_data.backend.engine.engine
+    assert engine["num_kv_blocks"] == llm_engine.num_kv_blocks
     assert engine["max_model_len"] == 4096
     assert engine["config"]["kv_budget"] == 4 * 2**20
     assert "kv_blocks_used" in engine["metrics"]

@@ -50,7 +50,7 @@ async def test_generate_returns_text_and_token_counts(
 async def test_summarize_a_text_runs_in_the_background_class(
     hass: HomeAssistant, init_integration: MockConfigEntry, make_long_text: Callable[[int], str]
 ) -> None:
-    engine = init_integration.runtime_data.engine
+    engine = init_integration.runtime_data.backend.engine
     priorities: list[Any] = []
     real_generate = engine.generate
 
@@ -82,7 +82,7 @@ async def test_summarize_chunks_a_text_beyond_the_context(
     assert await hass.config_entries.async_setup(mock_config_entry.entry_id)
     await hass.async_block_till_done()
     try:
-        assert mock_config_entry.runtime_data.engine.engine.max_model_len == 512
+        assert mock_config_entry.runtime_data.backend.engine.engine.max_model_len == 512
         response = await _call(hass, "summarize", {"text": make_long_text(1500), "max_tokens": 8})
         assert response["summary"]
         assert response["chunks"] >= 3
@@ -132,7 +132,7 @@ async def test_bad_inputs_fail_clearly_and_the_rest_keeps_working(
     tmp_path: Path,
     make_long_text: Callable[[int], str],
 ) -> None:
-    engine = init_integration.runtime_data.engine
+    engine = init_integration.runtime_data.backend.engine
     hass.config.allowlist_external_dirs = {str(tmp_path / "allowed")}
     (tmp_path / "allowed").mkdir()
     secret = tmp_path / "secret.txt"

@@ -36,7 +36,7 @@ def test_every_translation_key_in_the_code_has_a_message() -> None:
         key
         for name, source in SOURCES.items()
         if name != "sensor.py"  # entity names, checked below
-        for key in re.findall(r'translation_key="([a-z0-9_]+)"', source)
+        for key in re.findall(r'(?:translation_key=|BackendError\(\s*)"([a-z0-9_]+)"', source)
     }
     exceptions = STRINGS["exceptions"]
     assert used <= set(exceptions), used - set(exceptions)
@@ -59,7 +59,7 @@ def test_every_translation_key_in_the_code_has_a_message() -> None:
 
 def test_every_flow_error_and_step_is_translated() -> None:
     config = STRINGS["config"]
-    flow = SOURCES["config_flow.py"] + SOURCES["runtime.py"]
+    flow = SOURCES["config_flow.py"] + SOURCES["embedded.py"]
     errors = set(re.findall(r'errors\["base"\](?:, reason)? = "([a-z_]+)"', flow))
     errors |= set(re.findall(r'\{"base": "([a-z_]+)"\}', flow))
     errors |= {
@@ -111,14 +111,13 @@ def test_actions_are_described_and_translated() -> None:
     assert set(options) == set(STRINGS["selector"]["priority"]["options"])
 
 
-def test_manifest_requirement_points_at_the_tagged_release() -> None:
+def test_manifest_requires_the_pinned_library() -> None:
     manifest = json.loads((INTEGRATION / "manifest.json").read_text(encoding="utf-8"))
     (requirement,) = manifest["requirements"]
     version = manifest["version"]
-    assert requirement.startswith("git+https://github.com/")
-    assert requirement.endswith(f"@v{version}#paged-llm=={version}")
-    # Home Assistant checks the fragment's pin against the installed version, so an
-    # installed library is not fetched again at every start (offline restarts work).
+    # The PyPI name, pinned: Home Assistant upgrades the library when the pin changes and
+    # does not fetch an installed one again at each start (offline restarts work).
+    assert requirement == f"paged-llm=={version}"
     assert is_installed(requirement)
     assert parse_requirement_safe(requirement).name == "paged-llm"
     assert manifest["iot_class"] == "local_push"

@@ -1,0 +1,334 @@
+"""An OpenAI-compatible chat client on a caller's aiohttp session: SSE streams, models, test."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from .errors import (
+    AuthenticationError,
+    CannotConnectError,
+    ClientError,
+    RequestError,
+    ServerError,
+)
+
+DEFAULT_TIMEOUT_S = 60.0
+# Servers that do not schedule by priority (vLLM without --scheduling-policy priority)
+# refuse a non-zero one; such a server gets none after its first refusal.
+_PRIORITY_REFUSED = "priority"
+
+
+@dataclass(slots=True, frozen=True)
+class ModelInfo:
+    """One entry of ``/v1/models``; ``max_model_len`` where the server tells it (vLLM does)."""
+
+    id: str
+    owned_by: str | None = None
+    max_model_len: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCall:
+    """A complete tool call from a stream: arguments as the JSON text the server sent."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(slots=True, frozen=True)
+class Usage:
+    """Token counts of a finished request."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class ChatChunk:
+    """One piece of a streamed answer: text, reasoning, and at the end the totals."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+def chat_request(
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    priority: int | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    response_format: Mapping[str, Any] | None = None,
+    stream: bool = True,
+) -> dict[str, Any]:
+    """The body of a chat completion request; fields left at None are not sent."""
+    body: dict[str, Any] = {"model": model, "messages": list(messages), "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    optional: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        # OpenAI itself has no top_k; send it only when it does something.
+        "top_k": top_k or None,
+        "seed": seed,
+        "stop": list(stop) or None,
+        "priority": priority,
+        "response_format": dict(response_format) if response_format else None,
+    }
+    body.update({key: value for key, value in optional.items() if value is not None})
+    if tools:
+        body["tools"] = list(tools)
+        body["tool_choice"] = "auto"
+    return body
+
+
+def _error_message(status: int, text: str) -> tuple[str, str | None, str | None]:
+    """Message, param and code of an error answer (OpenAI's JSON, or whatever text came)."""
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict):
+        return str(error.get("message") or text), error.get("param"), error.get("code")
+    if isinstance(error, str):
+        return error, None, None
+    return (text.strip()[:500] or f"HTTP {status}"), None, None
+
+
+def status_error(status: int, text: str, retry_after: str | None = None) -> ClientError:
+    """The error for an HTTP error status and its body."""
+    message, param, code = _error_message(status, text)
+    if status in (401, 403):
+        return AuthenticationError(message)
+    if status >= 500:
+        try:
+            delay = float(retry_after) if retry_after else None
+        except ValueError:
+            delay = None
+        return ServerError(status, message, retry_after=delay)
+    return RequestError(status, message, param=param, code=code)
+
+
+class _ToolCallAccumulator:
+    """Joins streamed tool-call fragments (by index) into whole calls."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict[str, str]] = {}
+
+    def feed(self, fragments: list[dict[str, Any]]) -> None:
+        """Add one delta's fragments."""
+        for fragment in fragments:
+            call = self._calls.setdefault(
+                int(fragment.get("index", len(self._calls))), {"id": "", "name": "", "args": ""}
+            )
+            call["id"] = fragment.get("id") or call["id"]
+            function = fragment.get("function") or {}
+            call["name"] += function.get("name") or ""
+            arguments = function.get("arguments")
+            call["args"] += arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+
+    def calls(self) -> list[ToolCall]:
+        """The calls so far, in index order."""
+        return [
+            ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=c["args"] or "{}")
+            for i, c in sorted(self._calls.items())
+        ]
+
+
+class OpenAIClient:
+    """Talks to one OpenAI-compatible server (this project's, vLLM, llama.cpp, Ollama's /v1)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """Use ``session`` (not closed here) for a server at ``url``, with or without /v1."""
+        root = url.strip().rstrip("/")
+        self.root = root.removesuffix("/v1")
+        self.api = f"{self.root}/v1"
+        self._session = session
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout = timeout
+        self.sends_priority = True
+
+    def _timeout(self) -> aiohttp.ClientTimeout:
+        """No limit on a whole answer; a limit on connecting and on each silence."""
+        return aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=self.timeout)
+
+    async def _get(self, url: str) -> tuple[int, str]:
+        """GET a URL: status and body text; connection failures raise CannotConnectError."""
+        try:
+            async with self._session.get(
+                url, headers=self._headers, timeout=self._timeout()
+            ) as resp:
+                return resp.status, await resp.text()
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise CannotConnectError(f"{url}: {err or type(err).__name__}") from err
+
+    async def models(self) -> list[ModelInfo]:
+        """The models the server offers (``GET /v1/models``)."""
+        status, text = await self._get(f"{self.api}/models")
+        if status != 200:
+            raise status_error(status, text)
+        try:
+            entries = json.loads(text)["data"]
+            return [
+                ModelInfo(
+                    id=str(entry["id"]),
+                    owned_by=entry.get("owned_by"),
+                    max_model_len=entry.get("max_model_len") or entry.get("context_length"),
+                )
+                for entry in entries
+            ]
+        except (ValueError, KeyError, TypeError) as err:
+            raise CannotConnectError(
+                f"{self.api}/models is not an OpenAI model list: {text[:200]}"
+            ) from err
+
+    async def metrics_text(self) -> str | None:
+        """The server's Prometheus text (``GET /metrics``), or None when it has none."""
+        status, text = await self._get(f"{self.root}/metrics")
+        if status == 404:
+            return None
+        if status != 200:
+            raise status_error(status, text)
+        return text
+
+    async def count_tokens(self, model: str, text: str) -> int | None:
+        """Tokens in ``text`` by the server's tokenizer (vLLM's ``/tokenize``); None without."""
+        try:
+            async with self._session.post(
+                f"{self.root}/tokenize",
+                json={"model": model, "prompt": text, "add_special_tokens": False},
+                headers=self._headers,
+                timeout=self._timeout(),
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                data = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        count = data.get("count") if isinstance(data, dict) else None
+        return int(count) if isinstance(count, int) else None
+
+    async def test_chat(self, model: str) -> None:
+        """Ask for one token: raises the error a real request would meet."""
+        async for _chunk in self.stream_chat(
+            chat_request(model, [{"role": "user", "content": "Hi"}], max_tokens=1)
+        ):
+            pass
+
+    async def stream_chat(self, body: Mapping[str, Any]) -> AsyncIterator[ChatChunk]:
+        """Stream a chat completion (``body`` from chat_request); the last chunk has totals."""
+        body = dict(body)
+        if not self.sends_priority:
+            body.pop("priority", None)
+        try:
+            async for chunk in self._stream(body):
+                yield chunk
+        except RequestError as err:
+            if "priority" not in body or _PRIORITY_REFUSED not in str(err).lower():
+                raise
+            # Refused before anything streamed: ask again without, and from now on.
+            self.sends_priority = False
+            body.pop("priority")
+            async for chunk in self._stream(body):
+                yield chunk
+
+    async def _stream(self, body: dict[str, Any]) -> AsyncIterator[ChatChunk]:
+        """One streamed request, read as server-sent events."""
+        url = f"{self.api}/chat/completions"
+        tools = _ToolCallAccumulator()
+        finish_reason: str | None = None
+        usage: Usage | None = None
+        try:
+            async with self._session.post(
+                url, json=body, headers=self._headers, timeout=self._timeout()
+            ) as resp:
+                if resp.status != 200:
+                    raise status_error(
+                        resp.status, await resp.text(), resp.headers.get("Retry-After")
+                    )
+                async for data in _sse_data(resp.content):
+                    if data == "[DONE]":
+                        break
+                    event = _event(data)
+                    if (usage_data := event.get("usage")) is not None:
+                        usage = _usage(usage_data)
+                    for choice in event.get("choices") or ():
+                        delta = choice.get("delta") or {}
+                        if fragments := delta.get("tool_calls"):
+                            tools.feed(fragments)
+                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                        content = delta.get("content")
+                        if content or reasoning:
+                            yield ChatChunk(content=content or "", reasoning=reasoning or "")
+                        finish_reason = choice.get("finish_reason") or finish_reason
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise CannotConnectError(f"{url}: {err or type(err).__name__}") from err
+        if finish_reason is None and usage is None:
+            raise CannotConnectError(f"{url}: the answer ended before it finished")
+        yield ChatChunk(tool_calls=tools.calls(), finish_reason=finish_reason, usage=usage)
+
+
+async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """The ``data:`` payloads of an event stream, multi-line events joined."""
+    lines: list[str] = []
+    async for raw in content:
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if not line:
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+        elif line.startswith("data:"):
+            lines.append(line[5:].removeprefix(" "))
+        # Comments (":") and other fields (event:, id:, retry:) carry nothing for chat.
+    if lines:
+        yield "\n".join(lines)
+
+
+def _event(data: str) -> dict[str, Any]:
+    """One event's JSON; an error event raises the error it reports."""
+    try:
+        event = json.loads(data)
+    except ValueError as err:
+        raise CannotConnectError(
+            f"the server sent an event that is not JSON: {data[:200]}"
+        ) from err
+    if not isinstance(event, dict):
+        raise CannotConnectError(f"the server sent an event that is not an object: {data[:200]}")
+    if "error" in event:
+        error = event["error"]
+        code = error.get("code") if isinstance(error, dict) else None
+        status = code if isinstance(code, int) and 400 <= code < 600 else 500
+        raise status_error(status, json.dumps({"error": error}))
+    return event
+
+
+def _usage(data: Mapping[str, Any]) -> Usage:
+    """Token counts from a usage object."""
+    details = data.get("prompt_tokens_details") or {}
+    return Usage(
+        prompt_tokens=int(data.get("prompt_tokens") or 0),
+        completion_tokens=int(data.get("completion_tokens") or 0),
+        cached_tokens=int(details.get("cached_tokens") or 0),
+    )

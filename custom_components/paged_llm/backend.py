@@ -1,0 +1,106 @@
+"""The backend seam: all that entities, actions, sensors and diagnostics ask of a model."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from homeassistant.helpers import llm
+
+from paged_llm.protocol.snapshot import MetricsSnapshot
+
+
+@dataclass(slots=True)
+class Sampling:
+    """How a request picks its tokens, whichever backend runs it."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    # OpenAI's response_format, for backends that enforce one.
+    response_format: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Delta:
+    """A piece of a streamed answer; the last one has ``finished`` and the token counts."""
+
+    text: str = ""
+    reasoning: str = ""
+    # Calls the backend parsed itself (a server's structured tool_calls).
+    tool_calls: list[llm.ToolInput] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class BackendError(Exception):
+    """A request failed; ``key`` is the translation key, ``reason`` the backend's words.
+
+    ``caller`` marks errors caused by what was asked (shown as validation errors);
+    ``restart`` asks for the entry to be reloaded (the embedded engine crashed).
+    """
+
+    def __init__(
+        self,
+        key: str,
+        reason: str,
+        *,
+        caller: bool = False,
+        restart: bool = False,
+        placeholders: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.key = key
+        self.reason = reason
+        self.caller = caller
+        self.restart = restart
+        self.placeholders = dict(placeholders or {})
+
+
+class Backend(Protocol):
+    """Where the model runs: in this process (the engine) or on a server (HTTP)."""
+
+    @property
+    def available(self) -> bool:
+        """Whether requests can be served now."""
+
+    @property
+    def native_tools(self) -> bool:
+        """Whether tools go to the model as structured tools rather than prompt text."""
+
+    @property
+    def context_size(self) -> int:
+        """The most tokens one request may hold, prompt and answer together."""
+
+    async def async_count_tokens(self, text: str) -> int:
+        """Tokens in ``text`` (the model's tokenizer where the backend has it)."""
+
+    def stream(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        sampling: Sampling,
+        priority: str,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> AsyncIterator[Delta]:
+        """Stream an answer to chat messages; raises BackendError."""
+
+    def metrics(self) -> MetricsSnapshot:
+        """The latest metrics snapshot known."""
+
+    async def async_refresh_metrics(self) -> MetricsSnapshot:
+        """A fresh snapshot (a remote backend asks the server; raises BackendError)."""
+
+    def subscribe(self, callback: Callable[[MetricsSnapshot], None]) -> Callable[[], None]:
+        """Push snapshots to ``callback`` where the backend pushes; returns the unsubscribe."""
+
+    def diagnostics(self) -> dict[str, Any]:
+        """What the backend reports about itself, for the diagnostics download."""
+
+    async def async_close(self) -> None:
+        """Stop and free everything the backend holds."""

@@ -1,0 +1,79 @@
+"""The one place requests meet the backend: entities and actions stream through here."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from homeassistant.core import HomeAssistant
+from homeassistant.exceptions import HomeAssistantError
+
+from .backend import BackendError, Delta, Sampling
+from .const import DOMAIN, LOGGER
+from .runtime import PagedLLMConfigEntry, ha_error
+
+
+@dataclass
+class Completion:
+    """A finished request: its text and token counts."""
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+async def async_stream(
+    hass: HomeAssistant,
+    entry: PagedLLMConfigEntry,
+    messages: Sequence[Mapping[str, Any]],
+    sampling: Sampling,
+    priority: str,
+    tools: list[dict[str, Any]] | None = None,
+) -> AsyncIterator[Delta]:
+    """Stream an answer from the entry's backend; failures become translated errors."""
+    backend = entry.runtime_data.backend
+    if not backend.available:
+        raise ha_error(BackendError("engine_dead", "the model is not available now"))
+    try:
+        async for delta in backend.stream(messages, sampling, priority, tools):
+            yield delta
+    except BackendError as err:
+        if err.restart:
+            # The engine's step loop crashed: restart it rather than stay broken.
+            LOGGER.error("The engine failed (%s); restarting it", err.reason)
+            hass.config_entries.async_schedule_reload(entry.entry_id)
+        raise ha_error(err) from err
+    except HomeAssistantError:
+        raise
+    except Exception as err:
+        LOGGER.exception("Generation failed")
+        raise HomeAssistantError(
+            translation_domain=DOMAIN,
+            translation_key="generation_failed",
+            translation_placeholders={"reason": str(err)},
+        ) from err
+
+
+async def async_complete(
+    hass: HomeAssistant,
+    entry: PagedLLMConfigEntry,
+    messages: Sequence[Mapping[str, Any]],
+    sampling: Sampling,
+    priority: str,
+) -> Completion:
+    """Run one request to the end."""
+    parts: list[str] = []
+    last = Delta()
+    async for delta in async_stream(hass, entry, messages, sampling, priority):
+        parts.append(delta.text)
+        last = delta
+    return Completion(
+        text="".join(parts).strip(),
+        finish_reason=last.finish_reason,
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+        cached_tokens=last.cached_tokens,
+    )

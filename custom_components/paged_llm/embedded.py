@@ -1,0 +1,306 @@
+"""The embedded backend: the engine in Home Assistant's own process, behind the seam."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from homeassistant.const import CONF_DEVICE, CONF_MODEL
+from homeassistant.core import HomeAssistant
+
+from paged_llm.protocol.defaults import DEFAULT_MODEL
+from paged_llm.protocol.snapshot import MetricsSnapshot
+
+from .backend import BackendError, Delta, Sampling
+from .const import (
+    CONF_BLOCK_SIZE,
+    CONF_DTYPE,
+    CONF_KV_BUDGET_MIB,
+    CONF_MAX_MODEL_LEN,
+    CONF_MAX_NUM_SEQS,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    DEFAULT_KV_BUDGET_MIB,
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MAX_NUM_SEQS,
+)
+from .prompt import PLAIN_STOP, chat_template, render_plain, template_knows_tools
+
+if TYPE_CHECKING:
+    from paged_llm.engine.async_engine import AsyncEngine
+    from paged_llm.engine.config import EngineConfig
+    from paged_llm.engine.errors import EngineError
+
+# Rejections caused by what the caller asked for, as opposed to the engine's state.
+_CALLER_REJECTIONS = frozenset(
+    {"empty_prompt", "context_too_long", "exceeds_kv_pool", "invalid_token"}
+)
+_KNOWN_REJECTIONS = _CALLER_REJECTIONS | {"queue_full"}
+
+
+class TorchUnavailableError(Exception):
+    """PyTorch cannot be imported on this system."""
+
+
+class EngineImportError(Exception):
+    """The paged_llm engine cannot be imported (a broken or partial install)."""
+
+
+def import_engine_module() -> ModuleType:
+    """Import the engine and torch (blocking: seconds on first import; run in an executor).
+
+    Raises TorchUnavailableError when torch itself cannot be imported, as on musl-based
+    systems such as Home Assistant OS, where PyTorch publishes no wheels.
+    """
+    try:
+        importlib.import_module("torch")
+    except (ImportError, OSError) as err:
+        raise TorchUnavailableError(str(err)) from err
+    try:
+        return importlib.import_module("paged_llm.engine.async_engine")
+    except (ImportError, OSError) as err:
+        raise EngineImportError(str(err)) from err
+
+
+async def async_import_engine(hass: HomeAssistant) -> ModuleType:
+    """Import the engine off the event loop."""
+    return await hass.async_add_executor_job(import_engine_module)
+
+
+def normalize_model(model: str) -> str:
+    """The canonical spelling of a model string: absolute for local paths, as given otherwise."""
+    model = model.strip() or DEFAULT_MODEL
+    if model.startswith(("/", "~", ".")):
+        return str(Path(model).expanduser().absolute())
+    return model
+
+
+def engine_config(hass: HomeAssistant, data: Mapping[str, Any]) -> EngineConfig:
+    """Build the engine settings from an entry's data (raises ValueError naming a bad one).
+
+    Call only once the engine is importable (it imports the engine's config module).
+    """
+    from paged_llm.engine.config import EngineConfig
+
+    max_model_len = int(data.get(CONF_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN))
+    return EngineConfig(
+        model=normalize_model(data.get(CONF_MODEL, DEFAULT_MODEL)),
+        device=data.get(CONF_DEVICE, DEFAULT_DEVICE),
+        dtype=data.get(CONF_DTYPE, DEFAULT_DTYPE),
+        block_size=int(data.get(CONF_BLOCK_SIZE, DEFAULT_BLOCK_SIZE)),
+        kv_budget=float(int(data.get(CONF_KV_BUDGET_MIB, DEFAULT_KV_BUDGET_MIB)) * 2**20),
+        max_num_seqs=int(data.get(CONF_MAX_NUM_SEQS, DEFAULT_MAX_NUM_SEQS)),
+        max_model_len=max_model_len or None,
+        # Converted GGUF models are kept here: rebuildable, so outside backups.
+        cache_dir=Path(hass.config.cache_path("paged_llm")),
+    )
+
+
+def load_error_key(err: BaseException) -> str:
+    """The translation key of a failed engine start."""
+    if isinstance(err, TorchUnavailableError):
+        return "torch_unavailable"
+    if isinstance(err, EngineImportError):
+        return "engine_unavailable"
+    # By name: the engine's modules need torch, which a failed import may lack.
+    names = {cls.__name__ for cls in type(err).__mro__}
+    if "KVBudgetError" in names:
+        return "kv_budget_too_small"
+    if "ModelLoadError" in names:
+        return "model_load_failed"
+    return "engine_start_failed"
+
+
+def is_transient_load_error(err: BaseException) -> bool:
+    """Whether a failed start may succeed later unchanged (memory or network, not settings)."""
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, ConnectionError | TimeoutError | MemoryError):
+            return True
+        if type(cause).__name__ == "OutOfMemoryError":  # torch's, without importing torch
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def backend_error(err: EngineError, restart: bool = False) -> BackendError:
+    """The seam's error for an error the engine raised on a request."""
+    from paged_llm.engine.errors import EngineDeadError, InvalidSamplingParams, RequestRejected
+
+    reason = str(err)
+    if isinstance(err, RequestRejected):
+        key = f"rejected_{err.code}" if err.code in _KNOWN_REJECTIONS else "rejected"
+        return BackendError(
+            key, reason, caller=err.code in _CALLER_REJECTIONS, placeholders={"code": err.code}
+        )
+    if isinstance(err, InvalidSamplingParams):
+        return BackendError("invalid_sampling_params", reason, caller=True)
+    if isinstance(err, EngineDeadError):
+        return BackendError("engine_dead", reason, restart=restart)
+    return BackendError("generation_failed", reason)
+
+
+class EmbeddedBackend:
+    """Runs requests on an AsyncEngine in this process."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        """Serve through a started engine."""
+        self.engine = engine
+
+    @property
+    def config(self) -> EngineConfig:
+        """The engine's settings."""
+        return self.engine.config
+
+    @property
+    def available(self) -> bool:
+        """Whether the engine's thread runs."""
+        return bool(self.engine.is_running)
+
+    def _tokenizer(self) -> Any:
+        """The model's tokenizer, or a seam error once the engine is gone."""
+        from paged_llm.engine.errors import EngineDeadError
+
+        try:
+            return self.engine.engine.tokenizer
+        except EngineDeadError as err:
+            raise backend_error(err) from err
+
+    @property
+    def native_tools(self) -> bool:
+        """Whether the model's chat template renders a tools list itself."""
+        return template_knows_tools(self._tokenizer())
+
+    @property
+    def context_size(self) -> int:
+        """The engine's context length."""
+        return int(self.engine.engine.max_model_len)
+
+    async def async_count_tokens(self, text: str) -> int:
+        """Tokens in ``text`` by the model's tokenizer (off the event loop)."""
+        tokenizer = self._tokenizer()
+        ids = await self._executor(tokenizer.encode, text, add_special_tokens=False)
+        return len(ids)
+
+    async def _executor(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run blocking work in the default executor."""
+        import asyncio
+        import functools
+
+        return await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(func, *args, **kwargs)
+        )
+
+    async def stream(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        sampling: Sampling,
+        priority: str,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> AsyncIterator[Delta]:
+        """Stream from the engine: chat messages through the template, or a transcript."""
+        from paged_llm.engine.errors import EngineDeadError, EngineError
+        from paged_llm.engine.sequence import SamplingParams
+
+        templated = chat_template(self._tokenizer()) is not None
+        prompt: str | list[dict[str, Any]] = (
+            [dict(m) for m in messages] if templated else render_plain([dict(m) for m in messages])
+        )
+        try:
+            params = SamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_tokens=sampling.max_tokens,
+                seed=sampling.seed,
+                stop=() if templated else PLAIN_STOP,
+            )
+            async for out in self.engine.generate(prompt, params, priority, tools=tools):
+                yield Delta(
+                    text=out.text,
+                    finished=out.finished,
+                    finish_reason=str(out.finish_reason) if out.finish_reason else None,
+                    prompt_tokens=out.prompt_tokens,
+                    completion_tokens=out.completion_tokens,
+                    cached_tokens=out.cached_tokens,
+                )
+        except EngineError as err:
+            crashed = isinstance(err, EngineDeadError) and self.engine.error is not None
+            raise backend_error(err, restart=crashed) from err
+
+    def metrics(self) -> MetricsSnapshot:
+        """The engine's latest snapshot."""
+        return self.engine.metrics()
+
+    async def async_refresh_metrics(self) -> MetricsSnapshot:
+        """The engine's latest snapshot (the engine pushes the others)."""
+        return self.engine.metrics()
+
+    def subscribe(self, callback: Callable[[MetricsSnapshot], None]) -> Callable[[], None]:
+        """Snapshots pushed by the engine's thread, at most about once a second."""
+        unsubscribe: Callable[[], None] = self.engine.subscribe(callback)
+        return unsubscribe
+
+    def check_settings(self, config: EngineConfig) -> None:
+        """Raise KVBudgetError when new settings cannot hold one full sequence (blocking).
+
+        Exact only when the running engine already has the model on the same device and
+        dtype; otherwise the check is left to the restart.
+        """
+        from paged_llm.engine.errors import EngineDeadError
+        from paged_llm.engine.llm_engine import plan_kv_pool
+        from paged_llm.engine.loader import resolve_device, resolve_dtype
+
+        try:
+            loaded = self.engine.engine.loaded
+        except EngineDeadError:
+            return
+        if loaded.model is None:
+            return
+        device = resolve_device(config.device)
+        if device != loaded.device or resolve_dtype(config.dtype, device) != loaded.dtype:
+            return
+        plan_kv_pool(config, loaded)
+
+    def diagnostics(self) -> dict[str, Any]:
+        """The engine's settings, model, KV pool and latest metrics."""
+        from paged_llm.engine.errors import EngineDeadError
+
+        engine = self.engine
+        config = engine.config
+        figures: dict[str, Any] = {
+            "backend": "embedded",
+            "is_running": engine.is_running,
+            "error": repr(engine.error) if engine.error else None,
+            "config": {
+                **asdict(config),
+                "cache_dir": str(config.cache_dir),
+                "kv_layout": str(config.kv_layout),
+            },
+        }
+        try:
+            llm_engine = engine.engine
+        except EngineDeadError:
+            return figures
+        loaded = llm_engine.loaded
+        figures.update(
+            {
+                "model": loaded.name,
+                "device": str(loaded.device),
+                "dtype": str(loaded.dtype),
+                "max_model_len": llm_engine.max_model_len,
+                "num_kv_blocks": llm_engine.num_kv_blocks,
+                "block_size": config.block_size,
+                "eos_token_ids": list(loaded.eos_token_ids),
+            }
+        )
+        return figures
+
+    async def async_close(self) -> None:
+        """Stop the engine's thread and free the model and the KV pool."""
+        await self.engine.stop()

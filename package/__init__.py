@@ -1,0 +1,1 @@
+"""Paged LLM: a paged-KV LLM serving engine, its OpenAI-compatible server and shared protocol."""

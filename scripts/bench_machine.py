@@ -1,0 +1,81 @@
+"""The benchmark's machine: is it quiet, what is it, how fast can it multiply and copy."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Any
+
+import torch
+
+from paged_llm.engine.loader import LoadedModel
+
+
+def _busy_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU jiffies of the whole machine since boot."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _own_jiffies() -> int:
+    """CPU jiffies this process (all its threads) has used."""
+    with open("/proc/self/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def quiet_check(seconds: float = 2.0) -> dict[str, Any]:
+    """Measure how much CPU other processes use; the machine is quiet when it is near none."""
+    busy0, total0 = _busy_jiffies()
+    own0 = _own_jiffies()
+    time.sleep(seconds)
+    busy1, total1 = _busy_jiffies()
+    own1 = _own_jiffies()
+    others = max(0, (busy1 - busy0) - (own1 - own0)) / max(1, total1 - total0)
+    return {
+        "other_cpu_share": round(others, 3),
+        "loadavg_1min": round(os.getloadavg()[0], 2),
+        "cores": os.cpu_count(),
+        "quiet": others < 0.05,
+    }
+
+
+def cpu_name() -> str:
+    """The processor's model name from /proc/cpuinfo."""
+    with open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def machine_limits(loaded: LoadedModel) -> dict[str, float]:
+    """Measured matmul rate and memory bandwidth, and the decode rates they allow."""
+    dtype = loaded.dtype
+    a = torch.randn(2048, 2048, dtype=dtype)
+    b = torch.randn(2048, 2048, dtype=dtype)
+    torch.mm(a, b)
+    reps, began = 10, time.perf_counter()
+    for _ in range(reps):
+        torch.mm(a, b)
+    flops = 2 * 2048**3 * reps / (time.perf_counter() - began)
+    src = torch.empty(256 * 2**20, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    began = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src)
+    bandwidth = 2 * src.numel() * 5 / (time.perf_counter() - began)
+    params = sum(p.numel() for p in loaded.model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    return {
+        "matmul_gflops": flops / 1e9,
+        "copy_gbps": bandwidth / 1e9,
+        "params": params,
+        "weight_bytes": weight_bytes,
+        "batch1_tokens_per_s_limit": bandwidth / weight_bytes,
+        "compute_tokens_per_s_limit": flops / (2 * params),
+    }

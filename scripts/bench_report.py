@@ -1,0 +1,205 @@
+"""The benchmark's report: markdown tables and PNG plots from one run's results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench_runners import CLASSES, RequestResult, SystemRun
+
+
+def fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    """A number for a table cell; '–' when missing."""
+    return "–" if value is None else f"{value * scale:.{digits}f}"
+
+
+def span(m: dict[str, float | None], metric: str) -> str:
+    """'p50 / p95' of one metric for a table cell."""
+    return f"{fmt(m[f'{metric}_p50'])} / {fmt(m[f'{metric}_p95'])}"
+
+
+def write_plots(runs: list[SystemRun], out: Path) -> list[str]:
+    """PNG plots: running sequences and KV blocks over time, TTFT by class, throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    engine_runs = [r for r in runs if r.trace]
+    fig, axes = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for run in engine_runs:
+        ts = [p["t"] for p in run.trace]
+        axes[0].plot(ts, [p["running"] for p in run.trace], label=run.name)
+        axes[1].plot(ts, [p["blocks"] for p in run.trace], label=run.name)
+    axes[0].set_ylabel("running sequences")
+    axes[1].set_ylabel("KV blocks in use")
+    axes[1].set_xlabel("seconds")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out / "running_and_blocks.png", dpi=110)
+    plt.close(fig)
+    names.append("running_and_blocks.png")
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    for ax, cls in zip(axes, CLASSES, strict=True):
+        data = [[r.ttft for r in run.results if r.priority == cls] or [0.0] for run in runs]
+        ax.boxplot(data)
+        ax.set_xticks(
+            range(1, len(runs) + 1),
+            [run.name.split(" (")[0][:18] for run in runs],
+            rotation=30,
+            ha="right",
+            fontsize=7,
+        )
+        ax.set_title(f"{cls}: time to first token (s)")
+        ax.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(out / "ttft_by_class.png", dpi=110)
+    plt.close(fig)
+    names.append("ttft_by_class.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.barh([r.name for r in runs], [r.tokens_per_s for r in runs])
+    ax.set_xlabel("generated tokens / s (home mix)")
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=110)
+    plt.close(fig)
+    names.append("throughput.png")
+    return names
+
+
+def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
+    """The markdown report of one benchmark run."""
+    lines = [f"# Home workload benchmark ({data['mode']})", ""]
+    q = data["quiet"]
+    lines += [
+        f"Machine: {data['machine']}; torch {data['torch']}; "
+        f"model {data['model']} ({data['dtype']}); "
+        f"KV budget {data.get('kv_blocks', '?')} blocks ({data['kv_mib']:.0f} MiB); "
+        f"quiet check: {'quiet' if q['quiet'] else 'BUSY'} "
+        f"(other processes used {100 * q['other_cpu_share']:.0f}% of the CPU before the run, "
+        f"{100 * data['quiet_after']['other_cpu_share']:.0f}% after).",
+        f"Workload: {data['workload']}.",
+        "",
+        "| system | tokens/s | vs sequential | preemptions | KV utilization | peak RSS MiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    seq = next((r for r in runs if "sequential" in r.name), None)
+    for r in runs:
+        ratio = r.tokens_per_s / seq.tokens_per_s if seq and seq.tokens_per_s else None
+        lines.append(
+            f"| {r.name} | {r.tokens_per_s:.1f} | {fmt(ratio)}x | {r.preemptions} | "
+            f"{fmt(r.kv_utilization, 100, 1)}{'%' if r.kv_utilization is not None else ''} | "
+            f"{r.peak_rss / 2**20:.0f} |"
+        )
+    lines += [
+        "",
+        "Latency per class, seconds (p50 / p95):",
+        "",
+        "| system | class | time to first token | end-to-end | queue wait |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in runs:
+        for cls, m in r.per_class().items():
+            lines.append(
+                f"| {r.name} | {cls} | {span(m, 'ttft')} | {span(m, 'e2e')} | {span(m, 'queue')} |"
+            )
+    lines += [
+        "",
+        "## Concurrent sequences under one KV budget (home mix, all queued at once)",
+        "",
+        "| manager | blocks | peak running | mean running | KV utilization | preemptions |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in data["capacity"]:
+        lines.append(
+            f"| {row['manager']} | {row['blocks']} | {row['peak_running']} | "
+            f"{row['mean_running']:.1f} | "
+            f"{100 * row['kv_utilization']:.1f}% | {row['preemptions']} |"
+        )
+    p = data["prefix"]
+    lines += [
+        "",
+        "## Voice time to first token, system prompt cached against uncached",
+        "",
+        f"Prompt {p['prompt_tokens']} tokens: cached {1000 * p['cached']:.0f} ms, "
+        f"uncached {1000 * p['uncached']:.0f} ms, ratio {p['ratio']:.1f}x.",
+    ]
+    lines += [
+        "",
+        "## Engine cost outside the model forward (decode steps)",
+        "",
+        "| sequences | step ms | forward ms | outside forward | tokens/s |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in data["overhead"]:
+        lines.append(
+            f"| {row['sequences']} | {row['step_ms']:.1f} | {row['forward_ms']:.1f} | "
+            f"{fmt(row['outside_share'], 100, 1)}% | {fmt(row['tokens_per_s'], 1, 1)} |"
+        )
+    if "batch32" in data:
+        b = data["batch32"]
+        lines += [
+            "",
+            "## 32 chat requests at once: this engine against generate_batch",
+            "",
+            f"{b['requests']} requests x {b['new_tokens']} new tokens: this engine "
+            f"{b['engine_tokens_per_s']:.1f} tokens/s, transformers generate_batch "
+            f"{b['generate_batch_tokens_per_s']:.1f} tokens/s, ratio {b['ratio']:.2f}x.",
+        ]
+    m = data["limits"]
+    lines += [
+        "",
+        "## The machine's limit",
+        "",
+        f"Matrix multiply {m['matmul_gflops']:.0f} GFLOP/s ({data['dtype']}, 2048³); "
+        "copy bandwidth "
+        f"{m['copy_gbps']:.1f} GB/s. For {m['params'] / 1e6:.0f}M parameters "
+        f"({m['weight_bytes'] / 2**20:.0f} MiB of weights): batch-1 decode limit "
+        f"{m['batch1_tokens_per_s_limit']:.0f} tokens/s (weights read once per token), "
+        f"compute limit {m['compute_tokens_per_s_limit']:.0f} tokens/s "
+        "(2 FLOPs per parameter per token).",
+        "",
+    ]
+    for row in data["overhead"]:
+        # One step reads the weights once for all its sequences; compute grows with them.
+        memory_limit = m["batch1_tokens_per_s_limit"] * row["sequences"]
+        limit = min(memory_limit, m["compute_tokens_per_s_limit"])
+        bound = "memory" if memory_limit < m["compute_tokens_per_s_limit"] else "compute"
+        if row["tokens_per_s"] is None:
+            continue
+        lines.append(
+            f"- {row['sequences']} sequences: {row['tokens_per_s']:.0f} tokens/s = "
+            f"{100 * row['tokens_per_s'] / limit:.0f}% of the {bound} limit "
+            f"({limit:.0f} tokens/s)"
+        )
+    if "bursty" in data:
+        b = data["bursty"]
+        lines += [
+            "",
+            "## Bursty variant (voice arrives in bursts), this engine",
+            "",
+            "| system | class | TTFT p50 / p95 | queue p50 / p95 |",
+            "| --- | --- | --- | --- |",
+        ]
+        for name, per in b.items():
+            for cls, mm in per.items():
+                lines.append(f"| {name} | {cls} | {span(mm, 'ttft')} | {span(mm, 'queue')} |")
+    return "\n".join(lines) + "\n"
+
+
+def runs_from_json(data: dict[str, Any]) -> list[SystemRun]:
+    """Rebuild the systems' runs from a results.json, for --report-only."""
+    runs = []
+    for sysdata in data["systems"]:
+        run = SystemRun(
+            sysdata["name"],
+            [RequestResult(**r) for r in sysdata["requests"]],
+            sysdata["makespan"],
+            sysdata["peak_rss"],
+            sysdata["preemptions"],
+            sysdata["kv_utilization"],
+        )
+        runs.append(run)
+    return runs

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server and the ``paged-llm`` command; the engine loads lazily."""

@@ -1,0 +1,124 @@
+"""One engine per server process: loading it, its readiness, and stopping it cleanly."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from paged_llm.protocol.errors import ApiError
+
+if TYPE_CHECKING:
+    from paged_llm.engine.async_engine import AsyncEngine
+    from paged_llm.engine.config import EngineConfig
+    from paged_llm.engine.metrics import MetricsSnapshot
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class HostState(enum.StrEnum):
+    """Where the engine is in its life."""
+
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPING = "stopping"
+
+
+class EngineHost:
+    """Starts the engine in the background and tells the routes whether it can serve."""
+
+    def __init__(self, config: EngineConfig, served_name: str | None = None) -> None:
+        """Prepare; ``start`` loads the model."""
+        self.config = config
+        self.model_name = served_name or config.model
+        self.state = HostState.LOADING
+        self.error: BaseException | None = None
+        self.created = int(time.time())
+        self._engine: AsyncEngine | None = None
+
+    async def start(self) -> None:
+        """Load the model and start stepping; on failure the state says so (no raise)."""
+        from paged_llm.engine.async_engine import AsyncEngine  # torch loads here, not at import
+
+        started = time.monotonic()
+        engine = AsyncEngine(self.config)
+        try:
+            await engine.start()
+        except Exception as err:
+            _LOGGER.exception("Could not start the engine for %s", self.config.model)
+            self.error, self.state = err, HostState.FAILED
+            return
+        self._engine = engine
+        if self.state is HostState.LOADING:
+            self.state = HostState.READY
+        _LOGGER.info(
+            "Model %s ready in %.1f s: %d KV blocks of %d tokens, context %d",
+            self.model_name,
+            time.monotonic() - started,
+            self.engine.engine.num_kv_blocks,
+            self.config.block_size,
+            self.max_model_len,
+        )
+
+    async def stop(self) -> None:
+        """Stop the engine and free the model and the pool."""
+        self.state = HostState.STOPPING
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await engine.stop()
+
+    @property
+    def ready(self) -> bool:
+        """Whether requests can be served now."""
+        engine = self._engine
+        if self.state is HostState.READY and engine is not None and not engine.is_running:
+            self.state, self.error = HostState.FAILED, engine.error
+        return self.state is HostState.READY
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The running engine, or a 503 saying why there is none."""
+        if not self.ready or self._engine is None:
+            raise ApiError(
+                503,
+                f"the model is not ready ({self.describe()})",
+                code="model_not_ready",
+                retry_after=5 if self.state is HostState.LOADING else None,
+            )
+        return self._engine
+
+    def describe(self) -> str:
+        """A short status line for /health."""
+        if self.state is HostState.FAILED:
+            return f"failed: {self.error}"
+        return self.state.value
+
+    @property
+    def max_model_len(self) -> int:
+        """The model's usable context in tokens."""
+        return self.engine.engine.max_model_len
+
+    @property
+    def max_request_tokens(self) -> int:
+        """The most tokens one request can hold: the context, or the whole pool if smaller."""
+        llm = self.engine.engine
+        return min(llm.max_model_len, llm.num_kv_blocks * self.config.block_size)
+
+    def metrics(self) -> MetricsSnapshot | None:
+        """The engine's latest snapshot, or None while none is running."""
+        return self._engine.metrics() if self._engine is not None else None
+
+    def cached_blocks(self) -> int:
+        """Free blocks that still hold a cached prefix (0 without prefix caching)."""
+        from paged_llm.engine.errors import EngineDeadError
+
+        if self._engine is None:
+            return 0
+        try:
+            manager: Any = self._engine.engine.kv_manager
+        except EngineDeadError:
+            return 0
+        # A plain int read from the engine thread's pool: at worst one step old.
+        return int(getattr(getattr(manager, "pool", None), "num_cached_blocks", 0))
