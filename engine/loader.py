@@ -223,7 +223,7 @@ def apply_weights(
         return "float"
     given: dict[str, Q4Weight] = {}
     if gguf is not None and fmt is not WeightFormat.Q8:
-        given = _cached_gguf_q4_weights(gguf, model, cache_dir)
+        given = cached_gguf_q4_weights(gguf, model, cache_dir)
     swapped = quantize_model(model, fmt, dtype, given)
     if swapped == 0:
         return "float"
@@ -232,7 +232,7 @@ def apply_weights(
     return f"{kind} ({swapped} linear layers{source})"
 
 
-def _cached_gguf_q4_weights(gguf: Path, model: Any, cache_dir: Path | None) -> dict[str, Q4Weight]:
+def cached_gguf_q4_weights(gguf: Path, model: Any, cache_dir: Path | None) -> dict[str, Q4Weight]:
     """gguf_q4_weights, kept beside the converted model when there is a cache folder.
 
     Reading the file's metadata and mapping its names takes tens of seconds; the saved

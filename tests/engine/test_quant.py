@@ -16,10 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from paged_llm.engine.config import EngineConfig
+from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import apply_weights, load_model
+from paged_llm.engine.loader import (
+    apply_weights,
+    bundled_gguf_path,
+    cached_gguf_q4_weights,
+    load_model,
+)
 from paged_llm.engine.quant import (
     Q4Linear,
     Q8Linear,
@@ -151,22 +156,26 @@ def test_q4_of_a_float_model_swaps_every_linear_layer() -> None:
 def test_bundled_gguf_q4_layers_load_as_the_files_own_weights() -> None:
     """Names, Q/K row order and scales map exactly: dequantized equals transformers' load."""
     cache = CACHE / "converted"
-    dense = load_model(
-        EngineConfig(device="cpu", dtype="float32", weights="float", cache_dir=cache)
+    config = EngineConfig(device="cpu", dtype="float32", weights="float", cache_dir=cache)
+    dense = load_model(config)
+    given = cached_gguf_q4_weights(
+        bundled_gguf_path(DEFAULT_MODEL.split(":")[1]), dense.model, cache
     )
-    quant = load_model(EngineConfig(device="cpu", dtype="float32", weights="q4", cache_dir=cache))
-    assert dense.weights == "float"
-    assert quant.weights == "q4 (211 linear layers from the GGUF file)"
-    layers = dict(quant.model.named_modules())
-    checked = 0
-    for name, linear in linear_modules(dense.model):
-        if name == "lm_head":
-            continue  # Q8_0 in the file: quantized here by min/max, not the file's values
-        module = layers[name]
-        assert isinstance(module, Q4Linear), name
-        eye = torch.eye(module.in_features)
-        with torch.inference_mode():
-            recovered = module(eye).T  # the dequantized weight, column by column
-        torch.testing.assert_close(recovered, linear.weight, rtol=0, atol=1e-6)
-        checked += 1
-    assert checked == 210
+    linears = dict(linear_modules(dense.model))
+    assert len(given) == 210
+    assert set(given) == {f"{n}.weight" for n in linears if n != "lm_head"}
+    for name, q in given.items():
+        torch.testing.assert_close(
+            q.dequantize(), linears[name.removesuffix(".weight")].weight, rtol=0, atol=0
+        )
+    # The loader swaps them in: every decoder linear layer runs the int4 kernel.
+    assert apply_weights(dense.model, WeightFormat.AUTO, torch.bfloat16, CPU, None) == "float"
+    q_proj = linears["model.layers.3.self_attn.q_proj"]
+    x = torch.randn(3, q_proj.in_features)
+    ref = x @ q_proj.weight.T
+    quantize_model(dense.model, WeightFormat.AUTO, torch.float32, given)
+    module = dense.model.get_submodule("model.layers.3.self_attn.q_proj")
+    assert isinstance(module, Q4Linear)
+    with torch.inference_mode():
+        assert _rel_err(module(x), ref) < 1e-5
+    assert sum(isinstance(m, Q4Linear) for m in dense.model.modules()) == 210
