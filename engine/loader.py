@@ -242,7 +242,9 @@ def cached_gguf_q4_weights(gguf: Path, model: Any, cache_dir: Path | None) -> di
         return gguf_q4_weights(gguf, model)
     from safetensors.torch import load_file, save_file
 
-    path = _gguf_cache_folder(gguf, cache_dir, torch.float32).with_suffix(".q4.safetensors")
+    folder = _gguf_cache_folder(gguf, cache_dir, torch.float32)
+    # with_name, not with_suffix: the folder's name has dots of its own (".Q4_1-<digest>").
+    path = folder.with_name(folder.name + ".q4.safetensors")
     if path.is_file():
         flat = load_file(path)
     else:
