@@ -8,7 +8,11 @@ from pathlib import Path
 
 from paged_llm.protocol.defaults import DEFAULT_MODEL
 
-__all__ = ["DEFAULT_MODEL", "EngineConfig", "KVLayout", "SchedulerConfig"]
+__all__ = ["DEFAULT_MODEL", "WEIGHT_CHOICES", "EngineConfig", "KVLayout", "SchedulerConfig"]
+
+# How linear weights are held (engine/quant.py): auto keeps a GGUF file's 4-bit layers
+# 4-bit where the CPU kernel is fast (bf16), float dequantizes, q4/q8 quantize at load.
+WEIGHT_CHOICES = ("auto", "float", "q4", "q8")
 
 
 class KVLayout(enum.StrEnum):
@@ -101,6 +105,7 @@ class EngineConfig:
     interactive_kv_reserve: float = 0.1
     step_policy: StepPolicy = StepPolicy.LATENCY
     interactive_step_seconds: float = 0.1
+    weights: str = "auto"
 
     def __post_init__(self) -> None:
         """Reject settings that cannot work, naming the setting."""
@@ -120,6 +125,10 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
+            )
+        if self.weights not in WEIGHT_CHOICES:
+            raise ValueError(
+                f"weights must be one of {', '.join(WEIGHT_CHOICES)}, got {self.weights!r}"
             )
         self.kv_layout = KVLayout(self.kv_layout)
         _check_settings(self)

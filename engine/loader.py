@@ -17,6 +17,7 @@ import torch
 from .architectures import check_supported
 from .config import DEFAULT_MODEL, EngineConfig
 from .errors import ModelLoadError
+from .quant import Q4Weight, WeightFormat, quantize_model, unpack_gguf_q4
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class LoadedModel:
     dtype: torch.dtype
     max_model_len: int
     eos_token_ids: tuple[int, ...]
+    weights: str = "float"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -204,15 +206,16 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     source = config.model.strip() or DEFAULT_MODEL
+    gguf: Path | None = None
     try:
         if source.startswith(BUNDLED_PREFIX):
-            path = bundled_gguf_path(source.removeprefix(BUNDLED_PREFIX))
-            model, tokenizer = _load_gguf(path, dtype, config.cache_dir, progress)
+            gguf = bundled_gguf_path(source.removeprefix(BUNDLED_PREFIX))
+            model, tokenizer = _load_gguf(gguf, dtype, config.cache_dir, progress)
         elif source.endswith(".gguf"):
-            path = Path(source).expanduser()
-            if not path.is_file():
+            gguf = Path(source).expanduser()
+            if not gguf.is_file():
                 raise ModelLoadError(f"GGUF file {source} does not exist")
-            model, tokenizer = _load_gguf(path, dtype, config.cache_dir, progress)
+            model, tokenizer = _load_gguf(gguf, dtype, config.cache_dir, progress)
         elif source.startswith(("/", "~", ".")) or Path(source).expanduser().exists():
             path = Path(source).expanduser()
             if not path.is_dir():
@@ -224,6 +227,9 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
             # A Hugging Face id: from the local cache when offline, else downloaded once.
             model, tokenizer = _load_folder(source, dtype, local_only=False)
         check_supported(model.config)
+        weights = apply_weights(
+            model, WeightFormat(config.weights), dtype, device, gguf, config.cache_dir
+        )
     except ModelLoadError:
         raise
     except Exception as err:
@@ -238,7 +244,116 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         dtype=dtype,
         max_model_len=int(getattr(model.config, "max_position_embeddings", 2048)),
         eos_token_ids=eos_token_ids(model, tokenizer),
+        weights=weights,
     )
+
+
+def apply_weights(
+    model: Any,
+    fmt: WeightFormat,
+    dtype: torch.dtype,
+    device: torch.device,
+    gguf: Path | None,
+    cache_dir: Path | None = None,
+) -> str:
+    """Hold the linear weights as ``fmt`` asks; return what was done (for diagnostics).
+
+    ``auto`` keeps a GGUF file's Q4_0/Q4_1 layers 4-bit only on a bf16 CPU: torch's int4
+    CPU kernel is fast with bf16 activations and measured 20-30x slower with float32 ones
+    (docs/performance.md), so in float32 ``auto`` means dense weights.
+    """
+    if fmt is WeightFormat.FLOAT:
+        return "float"
+    if device.type != "cpu":
+        if fmt is WeightFormat.AUTO:
+            return "float"
+        raise ModelLoadError(
+            f"weights {fmt.value!r} uses torch's CPU kernels; use weights 'float' on {device}"
+        )
+    if fmt is WeightFormat.AUTO and (dtype != torch.bfloat16 or gguf is None):
+        return "float"
+    given: dict[str, Q4Weight] = {}
+    if gguf is not None and fmt is not WeightFormat.Q8:
+        given = cached_gguf_q4_weights(gguf, model, cache_dir)
+    swapped = quantize_model(model, fmt, dtype, given)
+    if swapped == 0:
+        return "float"
+    kind = "q8" if fmt is WeightFormat.Q8 else "q4"
+    source = " from the GGUF file" if given and fmt is not WeightFormat.Q8 else ""
+    return f"{kind} ({swapped} linear layers{source})"
+
+
+def cached_gguf_q4_weights(gguf: Path, model: Any, cache_dir: Path | None) -> dict[str, Q4Weight]:
+    """gguf_q4_weights, kept beside the converted model when there is a cache folder.
+
+    Reading the file's metadata and mapping its names takes tens of seconds; the saved
+    copy loads in well under one.
+    """
+    if cache_dir is None:
+        return gguf_q4_weights(gguf, model)
+    from safetensors.torch import load_file, save_file
+
+    folder = _gguf_cache_folder(gguf, cache_dir, torch.float32)
+    # with_name, not with_suffix: the folder's name has dots of its own (".Q4_1-<digest>").
+    path = folder.with_name(folder.name + ".q4.safetensors")
+    if path.is_file():
+        flat = load_file(path)
+    else:
+        flat = {}
+        for name, q in gguf_q4_weights(gguf, model).items():
+            flat[f"{name}.codes"] = q.codes
+            flat[f"{name}.scale"] = q.scale
+            flat[f"{name}.zero"] = q.zero
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".partial")
+        save_file(flat, tmp)
+        os.replace(tmp, path)
+    names = {key.rsplit(".", 1)[0] for key in flat}
+    return {n: Q4Weight(flat[f"{n}.codes"], flat[f"{n}.scale"], flat[f"{n}.zero"]) for n in names}
+
+
+def gguf_q4_weights(gguf: Path, model: Any) -> dict[str, Q4Weight]:
+    """The file's Q4_0/Q4_1 tensors as 4-bit weights, keyed by the model's parameter names.
+
+    The names and the row order come from transformers' own GGUF mapping: its tensor
+    processor (which undoes llama.cpp's Q/K row permutation) is applied to the codes and
+    to the per-block scales alike, since it only reorders rows.
+    """
+    import numpy as np
+    from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+    )
+
+    reader = GGUFReader(gguf)
+    field = reader.fields["general.architecture"]
+    arch = bytes(field.parts[field.data[0]]).decode()
+    cfg = model.config
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(  # type: ignore[no-untyped-call]
+        config={
+            "num_attention_heads": getattr(cfg, "num_attention_heads", None),
+            "num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
+        }
+    )
+    mapping = get_gguf_hf_weights_map(model, processor)
+    out: dict[str, Q4Weight] = {}
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type.name
+        if kind not in ("Q4_0", "Q4_1"):
+            continue
+        q = unpack_gguf_q4(np.asarray(tensor.data), kind)
+        parts = [
+            processor.process(weights=t.numpy(), name=tensor.name)  # type: ignore[no-untyped-call]
+            for t in (q.codes, q.scale, q.zero)
+        ]
+        name = parts[0].name
+        if name not in mapping:
+            continue
+        codes, scale, zero = (torch.from_numpy(np.ascontiguousarray(p.weights)) for p in parts)
+        out[mapping[name]] = Q4Weight(codes, scale, zero)
+    return out
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:

@@ -31,11 +31,13 @@ from bench_experiments import (
     prefix_experiment,
     summary_experiment,
 )
+from bench_llama_cpp import build_server, decode_rate, run_workload, skip_reason
 from bench_machine import cpu_name, machine_limits, quiet_check
 from bench_report import report, runs_from_json, write_plots
 from bench_runners import (
     CLASSES,
     ROOT,
+    RequestResult,
     SystemRun,
     engine_config,
     run_engine,
@@ -48,6 +50,35 @@ from home_workload import MODES, build_workload
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig, KVLayout
 from paged_llm.engine.loader import load_model
 from paged_llm.engine.model_runner import kv_bytes_per_block
+
+
+def run_llama_cpp(workload: list[Any], kv_tokens: int) -> dict[str, Any]:
+    """llama.cpp's llama-server on the same GGUF file: the home mix, then 1 and 32 at once.
+
+    Built from the llama-cpp-python sdist on first use (scripts/bench_llama_cpp.py); skipped with
+    a line saying why when cmake or a C++ compiler is missing or the build fails.
+    """
+    from paged_llm.engine.loader import bundled_gguf_path
+
+    try:
+        binary = build_server()
+    except Exception as err:  # a peer that cannot be built here is reported, not fatal
+        print(f"bench: llama.cpp skipped: the build failed: {err!r}", flush=True)
+        return {"skipped": f"build failed: {err!r}"}
+    if binary is None:
+        reason = skip_reason() or "llama.cpp skipped: llama-server was not built"
+        print(f"bench: {reason}", flush=True)
+        return {"skipped": reason}
+    gguf = bundled_gguf_path(DEFAULT_MODEL.removeprefix("bundled:"))
+    mix = run_workload(binary, gguf, workload, kv_tokens)
+    run = SystemRun("llama.cpp llama-server (-t 2, same GGUF)", [], mix["makespan"])
+    run.results = [RequestResult(**row) for row in mix["results"]]
+    run.peak_rss = mix["peak_rss"]
+    prompt = list(range(1000, 1064))  # the overhead experiment's 64-token prompt shape
+    one = decode_rate(binary, gguf, prompt, 1, 64)
+    many = decode_rate(binary, gguf, prompt, 32, 64)
+    print(f"bench: llama.cpp decode tokens/s: 1 request {one:.1f}, 32 at once {many:.1f}")
+    return {"run": run, "one_request_tokens_per_s": one, "batch32_tokens_per_s": many}
 
 
 def main() -> None:
@@ -78,7 +109,7 @@ def main() -> None:
         "--skip",
         default="",
         help="comma-separated: sequential,hf-cb,contiguous,batch32,fixed,saturated,summary,"
-        "overhead",
+        "overhead,llama.cpp",
     )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
@@ -196,6 +227,11 @@ def main() -> None:
             )
         except Exception as err:  # a baseline that cannot run here is reported, not fatal
             print(f"bench: transformers continuous batching failed: {err!r}", flush=True)
+    llama: dict[str, Any] = {}
+    if "llama.cpp" not in skip:
+        llama = timed("llama.cpp", run_llama_cpp, workload, args.kv_blocks * 16)
+        if "run" in llama:
+            runs.append(llama.pop("run"))
     if "sequential" not in skip:
         runs.append(timed("sequential generate", run_sequential, loaded, workload))
 
@@ -233,6 +269,8 @@ def main() -> None:
         )
     )
     data["limits"] = machine_limits(loaded)
+    if llama:
+        data["llama_cpp"] = llama
     # generate_batch alone takes minutes on 2 cores: the quick run leaves it out.
     if "batch32" not in skip and mode == "full":
         data["batch32"] = timed(

@@ -160,6 +160,7 @@ async def test_diagnostics_hold_settings_figures_and_versions_but_no_prompts(
     assert engine["is_running"] is True
     assert engine["device"] == "cpu"
     assert engine["dtype"] == "torch.float32"
+    assert engine["weights"] == "float"  # auto keeps float32 models dense
     llm_engine = init_integration.runtime_data.backend.engine.engine
     assert engine["num_kv_blocks"] == llm_engine.num_kv_blocks
     assert engine["max_model_len"] == 4096

@@ -1,0 +1,269 @@
+"""Builds llama.cpp's ``llama-server`` from the llama-cpp-python sdist and runs it as a peer.
+
+``python scripts/bench_llama_cpp.py build`` downloads the sdist with pip (a package registry),
+builds only the server target (Release, -j2, nice) and caches the binary under
+``.cache/llama.cpp/``; later calls return the cached binary at once. When cmake or a C++
+compiler is missing, :func:`build_server` returns None and :func:`skip_reason` says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache" / "llama.cpp"
+SDIST = "llama-cpp-python"
+
+
+def skip_reason() -> str | None:
+    """Why llama.cpp cannot be built here, or None when cmake and a C++ compiler exist."""
+    if shutil.which("cmake") is None:
+        return "llama.cpp skipped: cmake is not installed"
+    if not any(shutil.which(cxx) for cxx in ("c++", "g++", "clang++")):
+        return "llama.cpp skipped: no C++ compiler (c++, g++ or clang++) on PATH"
+    return None
+
+
+def server_path() -> Path:
+    """Where the cached llama-server binary lives once built."""
+    return CACHE / "build" / "bin" / "llama-server"
+
+
+def _source_dir(log: object = print) -> Path:
+    """Download and unpack the sdist once; return its vendored llama.cpp source folder."""
+    existing = sorted(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"))
+    if existing:
+        return existing[-1]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if not sorted(CACHE.glob("llama_cpp_python-*.tar.gz")):
+        log(f"llama.cpp: downloading the {SDIST} sdist with pip")  # type: ignore[operator]
+        # The project's .venv (made by uv) has no pip; fall back to the system's.
+        pip = (
+            [sys.executable, "-m", "pip"]
+            if importlib.util.find_spec("pip")
+            else [shutil.which("pip3") or "pip"]
+        )
+        subprocess.run(
+            [*pip, "download", "--no-binary", ":all:", "--no-deps", SDIST, "-d", str(CACHE)],
+            check=True,
+        )
+    archive = sorted(CACHE.glob("llama_cpp_python-*.tar.gz"))[-1]
+    with tarfile.open(archive) as tar:
+        tar.extractall(CACHE, filter="data")
+    return sorted(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"))[-1]
+
+
+def build_server(jobs: int = 2, log: object = print) -> Path | None:
+    """The llama-server binary, built (Release, server target only) and cached on first use."""
+    binary = server_path()
+    if binary.exists():
+        return binary
+    reason = skip_reason()
+    if reason is not None:
+        log(reason)  # type: ignore[operator]
+        return None
+    source = _source_dir(log)
+    build = CACHE / "build"
+    log(f"llama.cpp: building llama-server from {source} (several minutes on 2 cores)")  # type: ignore[operator]
+    configure = [
+        "cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON",
+    ]  # fmt: skip
+    subprocess.run(configure, check=True)
+    subprocess.run(
+        [
+            "nice",
+            "-n",
+            "10",
+            "cmake",
+            "--build",
+            str(build),
+            "--target",
+            "llama-server",
+            "-j",
+            str(jobs),
+        ],
+        check=True,
+    )
+    return binary if binary.exists() else None
+
+
+def _free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _peak_rss(pid: int) -> int:
+    """A process's peak resident memory (VmHWM) in bytes, 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class LlamaServer:
+    """A llama-server process on one GGUF file: 2 threads, unified KV, ``slots`` at once."""
+
+    def __init__(self, binary: Path, gguf: Path, kv_tokens: int, slots: int, threads: int = 2):
+        """Remember how to start it; :meth:`__enter__` starts it and waits until it serves."""
+        self.port = _free_port()
+        self.command = [
+            str(binary), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
+            "-c", str(kv_tokens), "-np", str(slots), "--kv-unified", "-cb",
+            "--host", "127.0.0.1", "--port", str(self.port), "--no-webui",
+        ]  # fmt: skip
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LlamaServer:
+        """Start the server and wait for /health (loading takes a few seconds)."""
+        import urllib.request
+
+        self.process = subprocess.Popen(
+            self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode()[-2000:] if self.process.stderr else ""
+                raise RuntimeError(f"llama-server exited ({self.process.returncode}): {err}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError("llama-server did not become healthy within 120 s")
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the server."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+    @property
+    def url(self) -> str:
+        """Base URL of the running server."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def peak_rss(self) -> int:
+        """The server's peak resident memory so far."""
+        return _peak_rss(self.process.pid) if self.process else 0
+
+
+async def stream_completion(
+    session: Any, url: str, prompt_ids: list[int], max_tokens: int
+) -> tuple[float, float, int]:
+    """One greedy completion streamed from /completion: (TTFT s, end-to-end s, tokens)."""
+    body = {
+        "prompt": prompt_ids,
+        "n_predict": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "cache_prompt": True,
+        "stream": True,
+    }
+    started = time.monotonic()
+    first: float | None = None
+    tokens = 0
+    async with session.post(f"{url}/completion", json=body) as reply:
+        reply.raise_for_status()
+        async for raw in reply.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            if chunk.get("stop"):
+                tokens = int(chunk.get("tokens_predicted", tokens))
+                break
+            if first is None:
+                first = time.monotonic()
+            tokens += 1
+    end = time.monotonic()
+    return (first or end) - started, end - started, tokens
+
+
+def run_workload(
+    binary: Path, gguf: Path, workload: list[Any], kv_tokens: int, slots: int = 32
+) -> dict[str, Any]:
+    """Drive the home workload (HomeRequest-like items) at its arrival times through the server.
+
+    Returns per-request rows (request_id, priority, arrival, ttft, e2e, queue, tokens), the
+    makespan and the server's peak memory; the benchmark turns them into its SystemRun.
+    """
+    import aiohttp
+
+    async def main(server: LlamaServer) -> tuple[list[dict[str, Any]], float]:
+        timeout = aiohttp.ClientTimeout(total=None)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            start = time.monotonic()
+
+            async def one(req: Any) -> dict[str, Any]:
+                await asyncio.sleep(max(0.0, start + req.arrival - time.monotonic()))
+                ttft, e2e, tokens = await stream_completion(
+                    session, server.url, req.prompt_ids, req.max_tokens
+                )
+                return {
+                    "request_id": req.request_id,
+                    "priority": req.priority,
+                    "arrival": req.arrival,
+                    "ttft": ttft,
+                    "e2e": e2e,
+                    "queue": 0.0,  # llama-server does not report it
+                    "tokens": tokens,
+                }
+
+            rows = list(await asyncio.gather(*(one(r) for r in workload)))
+            return rows, time.monotonic() - start - workload[0].arrival
+
+    with LlamaServer(binary, gguf, kv_tokens, slots) as server:
+        rows, makespan = asyncio.run(main(server))
+        return {"results": rows, "makespan": makespan, "peak_rss": server.peak_rss}
+
+
+def decode_rate(binary: Path, gguf: Path, prompt_ids: list[int], batch: int, tokens: int) -> float:
+    """Generated tokens per second with ``batch`` identical-length requests sent at once."""
+    import aiohttp
+
+    async def main(server: LlamaServer) -> float:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+            started = time.monotonic()
+            done = await asyncio.gather(
+                *(stream_completion(session, server.url, prompt_ids, tokens) for _ in range(batch))
+            )
+            return sum(t for _, _, t in done) / (time.monotonic() - started)
+
+    with LlamaServer(binary, gguf, batch * (len(prompt_ids) + tokens + 16), batch) as server:
+        return asyncio.run(main(server))
+
+
+def main() -> None:
+    """Command line: ``build`` prints the binary's path (or the skip reason)."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("command", choices=["build"])
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    binary = build_server(args.jobs)
+    print(binary if binary else skip_reason())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Quantized weights: GGUF Q4 unpacking, the packed kernels' bound, greedy equality, loading.
+
+The bound: in float32 a quantized layer computes ``x @ dequantize(W).T`` up to summation
+order (relative error ~1e-6), so the engine's greedy tokens equal transformers' own
+generate running the dequantized weights. Tiny models are quantized first and their
+reference weights set to the dequantized values, which the 4-bit/8-bit formats then hold
+exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
+from paged_llm.engine.errors import ModelLoadError
+from paged_llm.engine.llm_engine import LLMEngine
+from paged_llm.engine.loader import (
+    apply_weights,
+    bundled_gguf_path,
+    cached_gguf_q4_weights,
+    load_model,
+)
+from paged_llm.engine.quant import (
+    Q4Linear,
+    Q8Linear,
+    WeightFormat,
+    linear_modules,
+    quantize_model,
+    quantize_q4,
+    quantize_q8,
+    set_module,
+    unpack_gguf_q4,
+)
+from paged_llm.engine.sequence import SamplingParams
+
+from support import CACHE, make_loaded
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_gguf_q4_blocks_unpack_to_exactly_ggufs_own_dequantization(kind: str) -> None:
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((48, 128)).astype(np.float32)
+    qtype = gguf.GGMLQuantizationType[kind]
+    raw = gguf.quants.quantize(weight, qtype)
+    expected = gguf.quants.dequantize(raw, qtype)
+    got = unpack_gguf_q4(raw, kind).dequantize().numpy()
+    np.testing.assert_array_equal(got, expected)
+
+
+def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest error relative to the largest reference value."""
+    return float((got.float() - ref).abs().max() / ref.abs().max())
+
+
+@pytest.mark.parametrize("rows", [1, 7, 33])
+def test_q4_linear_is_the_dequantized_matmul_within_the_stated_bound(rows: int) -> None:
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(96, 160), torch.randn(96), torch.randn(2, rows, 160)
+    q = quantize_q4(weight)
+    ref = x @ q.dequantize().T + bias
+    with torch.inference_mode():
+        exact = Q4Linear(q, bias, torch.float32)(x)
+        assert exact.shape == (2, rows, 96)
+        assert _rel_err(exact, ref) < 1e-5  # float32: summation order only
+        # bf16: activations, scales and zeros are rounded to bf16 (8 significant bits).
+        assert _rel_err(Q4Linear(q, bias, torch.bfloat16)(x.bfloat16()), ref) < 3e-2
+    # The 4-bit rounding itself is the quantization's, bounded by half a step per value.
+    step = (weight.reshape(96, -1, 32).amax(-1) - weight.reshape(96, -1, 32).amin(-1)) / 15
+    assert (q.dequantize() - weight).abs().max() <= step.max() / 2 + 1e-6
+
+
+def test_q8_linear_is_the_dequantized_matmul_within_the_stated_bound() -> None:
+    torch.manual_seed(0)
+    weight, x = torch.randn(64, 96), torch.randn(5, 96)
+    codes, scale = quantize_q8(weight)
+    ref = x @ (codes.float() * scale[:, None]).T
+    with torch.inference_mode():
+        assert _rel_err(Q8Linear(codes, scale, None, torch.float32)(x), ref) < 1e-5
+    assert (codes.float() * scale[:, None] - weight).abs().max() <= scale.max() / 2 + 1e-6
+
+
+def _greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Run all prompts together through the engine; greedy tokens per prompt."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, request_id=str(i))
+    got: list[list[int]] = [[] for _ in prompts]
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[int(out.request_id)].extend(out.token_ids)
+    return got
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_tokens_equal_transformers_running_the_dequantized_weights(
+    arch: str, fmt: str
+) -> None:
+    loaded, config = make_loaded(arch)
+    reference = loaded.model
+    quantized = copy.deepcopy(reference)
+    for name, linear in list(linear_modules(quantized)):
+        ref_linear = reference.get_submodule(name)
+        if fmt == "q4":
+            q = quantize_q4(linear.weight)
+            new: torch.nn.Module = Q4Linear(q, linear.bias, torch.float32)
+            dense = q.dequantize()
+        else:
+            codes, scale = quantize_q8(linear.weight)
+            new = Q8Linear(codes, scale, linear.bias, torch.float32)
+            dense = codes.float() * scale[:, None]
+        # Untie first so lm_head's quantized copy does not overwrite the embedding.
+        ref_linear.weight = torch.nn.Parameter(dense)
+        set_module(quantized, name, new)
+    loaded.model = quantized
+    prompts = [[5, 17, 300, 41], [9] * 40, list(range(3, 90))]
+    got = _greedy(LLMEngine(loaded, config), prompts, 24)
+    reference.set_attn_implementation("sdpa")
+    for prompt, tokens in zip(prompts, got, strict=True):
+        ids = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None
+        )
+        assert tokens == ids[0, len(prompt) :].tolist()
+
+
+def test_weights_setting_is_validated_and_named() -> None:
+    with pytest.raises(ValueError, match="weights must be one of auto, float, q4, q8"):
+        EngineConfig(weights="q5")
+
+
+def test_auto_keeps_float32_models_dense_and_q4_off_cpu_is_a_clear_error() -> None:
+    loaded, _ = make_loaded("llama")
+    model = loaded.model
+    assert apply_weights(model, WeightFormat.AUTO, torch.float32, CPU, None) == "float"
+    assert apply_weights(model, WeightFormat.AUTO, torch.bfloat16, CPU, None) == "float"
+    assert not any(isinstance(m, Q4Linear) for m in model.modules())
+    with pytest.raises(ModelLoadError, match="weights 'q4' uses torch's CPU kernels"):
+        apply_weights(model, WeightFormat.Q4, torch.float32, torch.device("cuda"), None)
+    assert apply_weights(model, WeightFormat.AUTO, torch.bfloat16, torch.device("cuda"), None)
+
+
+def test_q4_of_a_float_model_swaps_every_linear_layer() -> None:
+    loaded, _ = make_loaded("llama")
+    swapped = quantize_model(loaded.model, WeightFormat.Q4, torch.float32)
+    assert swapped == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and lm_head
+    assert not list(linear_modules(loaded.model))
+
+
+def test_bundled_gguf_q4_layers_load_as_the_files_own_weights() -> None:
+    """Names, Q/K row order and scales map exactly: dequantized equals transformers' load."""
+    cache = CACHE / "converted"
+    config = EngineConfig(device="cpu", dtype="float32", weights="float", cache_dir=cache)
+    dense = load_model(config)
+    given = cached_gguf_q4_weights(
+        bundled_gguf_path(DEFAULT_MODEL.split(":")[1]), dense.model, cache
+    )
+    linears = dict(linear_modules(dense.model))
+    assert len(given) == 210
+    assert set(given) == {f"{n}.weight" for n in linears if n != "lm_head"}
+    for name, q in given.items():
+        torch.testing.assert_close(
+            q.dequantize(), linears[name.removesuffix(".weight")].weight, rtol=0, atol=0
+        )
+    # The loader swaps them in: every decoder linear layer runs the int4 kernel.
+    assert apply_weights(dense.model, WeightFormat.AUTO, torch.bfloat16, CPU, None) == "float"
+    q_proj = linears["model.layers.3.self_attn.q_proj"]
+    x = torch.randn(3, q_proj.in_features)
+    ref = x @ q_proj.weight.T
+    quantize_model(dense.model, WeightFormat.AUTO, torch.float32, given)
+    module = dense.model.get_submodule("model.layers.3.self_attn.q_proj")
+    assert isinstance(module, Q4Linear)
+    with torch.inference_mode():
+        assert _rel_err(module(x), ref) < 1e-5
+    assert sum(isinstance(m, Q4Linear) for m in dense.model.modules()) == 210
