@@ -9,18 +9,17 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from paged_llm.protocol import metrics as names
 from paged_llm.protocol.snapshot import MetricsSnapshot, Percentiles
 
 VLLM = "vllm:"
 ENGINE = "paged_llm:"
-# Label that carries the priority class in this engine's own families.
-CLASS_LABEL = "priority"
+CLASS_LABEL = names.PRIORITY_LABEL
 # The key of a latency family without classes (vLLM's).
 ALL_CLASSES = "all"
-HISTOGRAMS = (
-    "time_to_first_token_seconds",
-    "request_queue_time_seconds",
-    "e2e_request_latency_seconds",
+HISTOGRAMS = tuple(
+    name.removeprefix(VLLM)
+    for name in (names.TIME_TO_FIRST_TOKEN, names.REQUEST_QUEUE_TIME, names.E2E_REQUEST_LATENCY)
 )
 
 
@@ -84,7 +83,7 @@ def parse_metrics(text: str, model: str | None = None, now: float | None = None)
             continue
         for sample in family.samples:
             labels = sample.labels
-            if model is not None and labels.get("model_name", model) != model:
+            if model is not None and labels.get(names.MODEL_LABEL, model) != model:
                 continue
             name = sample.name
             klass = labels.get(CLASS_LABEL, ALL_CLASSES)
@@ -122,15 +121,17 @@ class MetricsReader:
         self._previous: Scrape | None = None
         self._latencies: dict[str, dict[str, Percentiles]] = {}
         self._throughput = 0.0
+        self.vllm_names = False
 
     def read(self, text: str, now: float | None = None) -> MetricsSnapshot:
         """The snapshot of one ``/metrics`` text."""
         scrape = parse_metrics(text, self.model, now)
         previous, self._previous = self._previous, scrape
+        self.vllm_names = scrape.vllm_names
         v = scrape.values
-        generated = _first(v, "vllm:generation_tokens_total")
+        generated = _first(v, f"{names.GENERATION_TOKENS}_total")
         if previous is not None and scrape.time > previous.time:
-            delta = generated - _first(previous.values, "vllm:generation_tokens_total")
+            delta = generated - _first(previous.values, f"{names.GENERATION_TOKENS}_total")
             self._throughput = max(delta, 0.0) / (scrape.time - previous.time)
         for name, classes in scrape.histograms.items():
             earlier = previous.histograms.get(name, {}) if previous else {}
@@ -141,24 +142,26 @@ class MetricsReader:
                 if recent.count > 0 or klass not in family:
                     family[klass] = recent.percentiles()
         waiting_by_class = {
-            k: int(n) for k, n in scrape.by_class.get(f"{ENGINE}num_requests_waiting", {}).items()
+            k: int(n)
+            for k, n in scrape.by_class.get(names.NUM_REQUESTS_WAITING_BY_CLASS, {}).items()
         }
-        blocks_total = int(_first(v, f"{ENGINE}kv_blocks_total"))
-        usage = _first(v, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+        blocks_total = int(_first(v, names.KV_BLOCKS_TOTAL))
+        # Older vLLM releases called it gpu_cache_usage_perc.
+        usage = _first(v, names.KV_CACHE_USAGE_PERC, "vllm:gpu_cache_usage_perc")
         return MetricsSnapshot(
             timestamp=scrape.time,
-            kv_blocks_used=int(_first(v, f"{ENGINE}kv_blocks_used")),
+            kv_blocks_used=int(_first(v, names.KV_BLOCKS_USED)),
             kv_blocks_total=blocks_total,
             kv_cache_usage_perc=usage,
-            num_requests_running=int(_first(v, "vllm:num_requests_running")),
-            num_requests_waiting=int(_first(v, "vllm:num_requests_waiting")),
+            num_requests_running=int(_first(v, names.NUM_REQUESTS_RUNNING)),
+            num_requests_waiting=int(_first(v, names.NUM_REQUESTS_WAITING)),
             num_requests_waiting_by_class=waiting_by_class,
-            num_preemptions=int(_first(v, "vllm:num_preemptions_total")),
-            prefix_cache_queries=int(_first(v, "vllm:prefix_cache_queries_total")),
-            prefix_cache_hits=int(_first(v, "vllm:prefix_cache_hits_total")),
-            prompt_tokens_total=int(_first(v, "vllm:prompt_tokens_total")),
+            num_preemptions=int(_first(v, f"{names.NUM_PREEMPTIONS}_total")),
+            prefix_cache_queries=int(_first(v, f"{names.PREFIX_CACHE_QUERIES}_total")),
+            prefix_cache_hits=int(_first(v, f"{names.PREFIX_CACHE_HITS}_total")),
+            prompt_tokens_total=int(_first(v, f"{names.PROMPT_TOKENS}_total")),
             generation_tokens_total=int(generated),
-            num_requests_finished=int(_first(v, "vllm:request_success_total")),
+            num_requests_finished=int(_first(v, f"{names.REQUEST_SUCCESS}_total")),
             time_to_first_token_seconds=dict(self._latencies.get(HISTOGRAMS[0], {})),
             request_queue_time_seconds=dict(self._latencies.get(HISTOGRAMS[1], {})),
             e2e_request_latency_seconds=dict(self._latencies.get(HISTOGRAMS[2], {})),

@@ -2,19 +2,40 @@
 
 from __future__ import annotations
 
-from homeassistant.const import EVENT_HOMEASSISTANT_STOP, Platform
+from datetime import timedelta
+
+from homeassistant.const import (
+    CONF_API_KEY,
+    CONF_MODEL,
+    CONF_TIMEOUT,
+    CONF_URL,
+    EVENT_HOMEASSISTANT_STOP,
+    Platform,
+)
 from homeassistant.core import Event, HomeAssistant
 from homeassistant.exceptions import ConfigEntryError, ConfigEntryNotReady
 from homeassistant.helpers import config_validation as cv
 from homeassistant.helpers import device_registry as dr
+from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.typing import ConfigType
-from homeassistant.helpers.update_coordinator import DataUpdateCoordinator
+from homeassistant.helpers.update_coordinator import DataUpdateCoordinator, UpdateFailed
 
+from paged_llm.client import AuthenticationError, ClientError, OpenAIClient
 from paged_llm.protocol.snapshot import MetricsSnapshot
 
-from .backend import Backend
-from .const import DOMAIN, LOGGER
+from .backend import Backend, BackendError
+from .const import (
+    BACKEND_REMOTE,
+    CONF_BACKEND,
+    CONF_IDLE_UNLOAD_MIN,
+    DEFAULT_IDLE_UNLOAD_MIN,
+    DEFAULT_TIMEOUT_S,
+    DOMAIN,
+    LOGGER,
+    REMOTE_METRICS_INTERVAL_S,
+)
 from .entity import engine_device_info
+from .remote import RemoteBackend
 from .runtime import (
     PagedLLMConfigEntry,
     PagedLLMData,
@@ -71,7 +92,9 @@ async def _async_start_embedded(hass: HomeAssistant, entry: PagedLLMConfigEntry)
         ) from err
 
     pending = take_pending_backend(hass, entry.unique_id)
+    idle_s = int(entry.data.get(CONF_IDLE_UNLOAD_MIN, DEFAULT_IDLE_UNLOAD_MIN)) * 60.0
     if isinstance(pending, EmbeddedBackend) and pending.config == config and pending.available:
+        pending.idle_unload_s = idle_s
         return pending
     if pending is not None:
         await pending.async_close()
@@ -93,16 +116,64 @@ async def _async_start_embedded(hass: HomeAssistant, entry: PagedLLMConfigEntry)
         config.block_size,
         engine.engine.max_model_len,
     )
-    return EmbeddedBackend(engine)
+    return EmbeddedBackend(engine, idle_unload_s=idle_s)
+
+
+async def _async_start_remote(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> RemoteBackend:
+    """Reach the entry's server and learn its model's context length."""
+    client = OpenAIClient(
+        async_get_clientsession(hass),
+        entry.data[CONF_URL],
+        api_key=entry.data.get(CONF_API_KEY),
+        timeout=float(entry.data.get(CONF_TIMEOUT, DEFAULT_TIMEOUT_S)),
+    )
+    model = entry.data[CONF_MODEL]
+    try:
+        models = await client.models()
+    except AuthenticationError as err:
+        # A wrong key does not fix itself: reconfigure the entry with the right one.
+        raise ConfigEntryError(
+            translation_domain=DOMAIN,
+            translation_key="server_auth_failed",
+            translation_placeholders={"reason": str(err)},
+        ) from err
+    except ClientError as err:
+        # The server may be starting or rebooting: Home Assistant retries with backoff.
+        raise ConfigEntryNotReady(
+            translation_domain=DOMAIN,
+            translation_key="server_unreachable",
+            translation_placeholders={"reason": str(err)},
+        ) from err
+    info = next((m for m in models if m.id == model), None)
+    if info is None:
+        raise ConfigEntryNotReady(
+            translation_domain=DOMAIN,
+            translation_key="server_model_missing",
+            translation_placeholders={"model": model, "reason": ", ".join(m.id for m in models)},
+        )
+    return RemoteBackend(client, model, info.max_model_len)
 
 
 async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> bool:
     """Start the entry's backend, its metrics and its entities."""
-    backend = await _async_start_embedded(hass, entry)
+    remote = entry.data.get(CONF_BACKEND) == BACKEND_REMOTE
+    backend: Backend
+    if remote:
+        backend = await _async_start_remote(hass, entry)
+    else:
+        backend = await _async_start_embedded(hass, entry)
 
     async def _async_latest_metrics() -> MetricsSnapshot:
-        """The latest snapshot, for a manual refresh; the engine pushes the others."""
-        return await backend.async_refresh_metrics()
+        """A fresh snapshot: the server is asked; the engine pushes, so this reads its last."""
+        try:
+            return await backend.async_refresh_metrics()
+        except BackendError as err:
+            # The coordinator logs this once per outage and marks the sensors unavailable.
+            raise UpdateFailed(
+                translation_domain=DOMAIN,
+                translation_key=err.key,
+                translation_placeholders={"reason": err.reason, **err.placeholders},
+            ) from err
 
     # Its own logger: a debug line per pushed snapshot would drown the integration's log.
     coordinator: DataUpdateCoordinator[MetricsSnapshot] = DataUpdateCoordinator(
@@ -110,10 +181,14 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
         LOGGER.getChild("metrics"),
         config_entry=entry,
         name=f"{DOMAIN} {entry.title}",
-        update_interval=None,
+        # A server is polled; the embedded engine pushes.
+        update_interval=timedelta(seconds=REMOTE_METRICS_INTERVAL_S) if remote else None,
         update_method=_async_latest_metrics,
     )
-    coordinator.async_set_updated_data(backend.metrics())
+    if remote:
+        await coordinator.async_config_entry_first_refresh()
+    else:
+        coordinator.async_set_updated_data(backend.metrics())
     device = dr.async_get(hass).async_get_or_create(
         config_entry_id=entry.entry_id, **engine_device_info(entry)
     )

@@ -9,16 +9,28 @@ from typing import TYPE_CHECKING, Any, override
 
 import probatio
 from homeassistant.config_entries import (
+    SOURCE_RECONFIGURE,
     ConfigEntry,
     ConfigEntryState,
     ConfigFlow,
     ConfigFlowResult,
+    ConfigSubentryData,
     ConfigSubentryFlow,
     SubentryFlowResult,
 )
-from homeassistant.const import CONF_DEVICE, CONF_LLM_HASS_API, CONF_MODEL, CONF_NAME, CONF_PROMPT
+from homeassistant.const import (
+    CONF_API_KEY,
+    CONF_DEVICE,
+    CONF_LLM_HASS_API,
+    CONF_MODEL,
+    CONF_NAME,
+    CONF_PROMPT,
+    CONF_TIMEOUT,
+    CONF_URL,
+)
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.helpers import llm
+from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.selector import (
     NumberSelector,
     NumberSelectorConfig,
@@ -28,14 +40,28 @@ from homeassistant.helpers.selector import (
     SelectSelectorConfig,
     SelectSelectorMode,
     TemplateSelector,
+    TextSelector,
+    TextSelectorConfig,
+    TextSelectorType,
 )
 
+from paged_llm.client import (
+    AuthenticationError,
+    CannotConnectError,
+    ClientError,
+    OpenAIClient,
+)
 from paged_llm.protocol.defaults import DEFAULT_MODEL
+from paged_llm.protocol.requirements import ENGINE_EXTRA
 
 from .const import (
+    BACKEND_EMBEDDED,
+    BACKEND_REMOTE,
     BLOCK_SIZES,
+    CONF_BACKEND,
     CONF_BLOCK_SIZE,
     CONF_DTYPE,
+    CONF_IDLE_UNLOAD_MIN,
     CONF_KV_BUDGET_MIB,
     CONF_MAX_HISTORY,
     CONF_MAX_MODEL_LEN,
@@ -47,12 +73,15 @@ from .const import (
     DEFAULT_CONVERSATION_NAME,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_IDLE_UNLOAD_MIN,
     DEFAULT_KV_BUDGET_MIB,
     DEFAULT_MAX_HISTORY,
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_MAX_TOKENS,
+    DEFAULT_SERVER_URL,
     DEFAULT_TEMPERATURE,
+    DEFAULT_TIMEOUT_S,
     DEVICES,
     DOMAIN,
     DTYPES,
@@ -71,6 +100,7 @@ from .embedded import (
     load_error_key,
     normalize_model,
 )
+from .placement import EngineState, async_install_engine, engine_state
 from .runtime import hand_over_backend
 
 if TYPE_CHECKING:
@@ -95,6 +125,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     CONF_BLOCK_SIZE: str(DEFAULT_BLOCK_SIZE),
     CONF_MAX_NUM_SEQS: DEFAULT_MAX_NUM_SEQS,
     CONF_MAX_MODEL_LEN: DEFAULT_MAX_MODEL_LEN,
+    CONF_IDLE_UNLOAD_MIN: DEFAULT_IDLE_UNLOAD_MIN,
 }
 
 
@@ -151,6 +182,17 @@ def engine_schema(defaults: Mapping[str, Any], with_model: bool) -> probatio.Sch
             ): NumberSelector(
                 NumberSelectorConfig(min=0, max=2**20, step=1, mode=NumberSelectorMode.BOX)
             ),
+            probatio.Required(
+                CONF_IDLE_UNLOAD_MIN, default=values[CONF_IDLE_UNLOAD_MIN]
+            ): NumberSelector(
+                NumberSelectorConfig(
+                    min=0,
+                    max=24 * 60,
+                    step=1,
+                    unit_of_measurement="min",
+                    mode=NumberSelectorMode.BOX,
+                )
+            ),
         }
     )
     return probatio.Schema(schema)
@@ -165,6 +207,7 @@ def coerce_engine_input(user_input: Mapping[str, Any]) -> dict[str, Any]:
         CONF_BLOCK_SIZE: int(user_input[CONF_BLOCK_SIZE]),
         CONF_MAX_NUM_SEQS: int(user_input[CONF_MAX_NUM_SEQS]),
         CONF_MAX_MODEL_LEN: int(user_input.get(CONF_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)),
+        CONF_IDLE_UNLOAD_MIN: int(user_input.get(CONF_IDLE_UNLOAD_MIN, DEFAULT_IDLE_UNLOAD_MIN)),
     }
     if CONF_MODEL in user_input:
         data[CONF_MODEL] = normalize_model(user_input[CONF_MODEL])
@@ -199,8 +242,66 @@ def check_engine_settings(
         backend.check_settings(config)
 
 
+def default_subentries() -> list[ConfigSubentryData]:
+    """A conversation agent and an AI task agent, ready to use."""
+    return [
+        {
+            "subentry_type": SUBENTRY_CONVERSATION,
+            "data": RECOMMENDED_CONVERSATION_OPTIONS,
+            "title": DEFAULT_CONVERSATION_NAME,
+            "unique_id": None,
+        },
+        {
+            "subentry_type": SUBENTRY_AI_TASK,
+            "data": RECOMMENDED_AI_TASK_OPTIONS,
+            "title": DEFAULT_AI_TASK_NAME,
+            "unique_id": None,
+        },
+    ]
+
+
+def server_schema(defaults: Mapping[str, Any]) -> probatio.Schema:
+    """The server form: where it is, its key, how long to wait for it."""
+    return probatio.Schema(
+        {
+            probatio.Required(
+                CONF_URL, default=defaults.get(CONF_URL, DEFAULT_SERVER_URL)
+            ): TextSelector(TextSelectorConfig(type=TextSelectorType.URL)),
+            probatio.Optional(
+                CONF_API_KEY, description={"suggested_value": defaults.get(CONF_API_KEY)}
+            ): TextSelector(TextSelectorConfig(type=TextSelectorType.PASSWORD)),
+            probatio.Required(
+                CONF_TIMEOUT, default=defaults.get(CONF_TIMEOUT, DEFAULT_TIMEOUT_S)
+            ): NumberSelector(
+                NumberSelectorConfig(
+                    min=1, max=3600, step=1, unit_of_measurement="s", mode=NumberSelectorMode.BOX
+                )
+            ),
+        }
+    )
+
+
+def server_client(hass: HomeAssistant, data: Mapping[str, Any]) -> OpenAIClient:
+    """A client for the server an entry or a form names, on Home Assistant's session."""
+    return OpenAIClient(
+        async_get_clientsession(hass),
+        data[CONF_URL],
+        api_key=data.get(CONF_API_KEY) or None,
+        timeout=float(data.get(CONF_TIMEOUT, DEFAULT_TIMEOUT_S)),
+    )
+
+
+def client_error_key(err: ClientError) -> str:
+    """The form error for a failed request to a server."""
+    if isinstance(err, AuthenticationError):
+        return "invalid_auth"
+    if isinstance(err, CannotConnectError):
+        return "cannot_connect"
+    return "server_error"
+
+
 class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
-    """Set up one engine per model."""
+    """Set up one entry per model: run by the engine here, or by a server."""
 
     VERSION = 1
     MINOR_VERSION = 1
@@ -211,13 +312,79 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._errors: dict[str, str] = {}
         self._reason = ""
         self._load_task: asyncio.Task[EmbeddedBackend] | None = None
+        self._install_task: asyncio.Task[None] | None = None
+        self._install_failure: tuple[str, str] | None = None
         self._backend: EmbeddedBackend | None = None
+        self._server: dict[str, Any] = {}
+        self._models: list[str] = []
 
     @override
     async def async_step_user(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
+        """Ask where the model runs; the engine here only where it can work."""
+        state, reason = await self.hass.async_add_executor_job(engine_state)
+        blocked = state not in (EngineState.READY, EngineState.MISSING)
+        if self._install_failure is not None:
+            blocked, (key, reason) = True, self._install_failure
+        else:
+            key = str(state)
+        if user_input is not None:
+            if user_input[CONF_BACKEND] == BACKEND_REMOTE:
+                return await self.async_step_server()
+            if not blocked:
+                if state is EngineState.MISSING:
+                    return await self.async_step_install()
+                return await self.async_step_embedded()
+        options = [BACKEND_REMOTE] if blocked else [BACKEND_EMBEDDED, BACKEND_REMOTE]
+        return self.async_show_form(
+            step_id="user",
+            data_schema=probatio.Schema(
+                {
+                    probatio.Required(CONF_BACKEND, default=options[0]): SelectSelector(
+                        SelectSelectorConfig(
+                            options=options,
+                            translation_key=CONF_BACKEND,
+                            mode=SelectSelectorMode.LIST,
+                        )
+                    )
+                }
+            ),
+            errors={"base": key} if blocked else {},
+            description_placeholders={"reason": reason},
+        )
+
+    async def async_step_install(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Install the engine's dependencies (PyTorch and others) while the user waits."""
+        if self._install_task is None or not self._install_task.done():
+            if self._install_task is None:
+                self._install_task = self.hass.async_create_task(
+                    async_install_engine(self.hass), f"{DOMAIN} install the engine"
+                )
+            return self.async_show_progress(
+                step_id="install",
+                progress_action="install_engine",
+                progress_task=self._install_task,
+                description_placeholders={"extra": ENGINE_EXTRA},
+            )
+        task, self._install_task = self._install_task, None
+        try:
+            task.result()
+        except Exception as err:  # the choice form says why and offers the server
+            LOGGER.warning("The engine could not be installed: %s", err)
+            key = load_error_key(err)
+            if key not in ("torch_unavailable", "engine_unavailable"):
+                key = "engine_install_failed"
+            self._install_failure = (key, str(err))
+            return self.async_show_progress_done(next_step_id="user")
+        return self.async_show_progress_done(next_step_id="embedded")
+
+    async def async_step_embedded(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
         """Ask for the model and the engine settings."""
         if user_input is not None:
-            data = coerce_engine_input(user_input)
+            data = {CONF_BACKEND: BACKEND_EMBEDDED, **coerce_engine_input(user_input)}
             await self.async_set_unique_id(data[CONF_MODEL])
             self._abort_if_unique_id_configured()
             self._data = data
@@ -234,10 +401,88 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 return await self.async_step_load()
         errors, self._errors = self._errors, {}
         return self.async_show_form(
-            step_id="user",
+            step_id="embedded",
             data_schema=engine_schema(self._data, with_model=True),
             errors=errors,
             description_placeholders={"reason": self._reason},
+        )
+
+    async def async_step_server(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
+        """Ask where the server is; list its models to check it answers."""
+        errors: dict[str, str] = {}
+        reason = ""
+        reconfiguring = self.source == SOURCE_RECONFIGURE
+        defaults: Mapping[str, Any] = (
+            self._get_reconfigure_entry().data if reconfiguring else self._server
+        )
+        if user_input is not None:
+            server = {
+                CONF_URL: user_input[CONF_URL].strip(),
+                CONF_TIMEOUT: int(user_input[CONF_TIMEOUT]),
+            }
+            if key := (user_input.get(CONF_API_KEY) or "").strip():
+                server[CONF_API_KEY] = key
+            self._server = server
+            client = server_client(self.hass, server)
+            try:
+                models = await client.models()
+            except ClientError as err:
+                errors["base"], reason = client_error_key(err), str(err)
+            else:
+                if models:
+                    self._models = [model.id for model in models]
+                    self._server[CONF_URL] = client.root
+                    return await self.async_step_server_model()
+                errors["base"], reason = "no_models", client.api
+            defaults = user_input
+        return self.async_show_form(
+            step_id="server",
+            data_schema=server_schema(defaults),
+            errors=errors,
+            description_placeholders={"reason": reason},
+        )
+
+    async def async_step_server_model(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Pick the server's model; a one-token request proves it can chat."""
+        errors: dict[str, str] = {}
+        reason = ""
+        reconfiguring = self.source == SOURCE_RECONFIGURE
+        if user_input is not None:
+            model = user_input[CONF_MODEL]
+            data = {CONF_BACKEND: BACKEND_REMOTE, **self._server, CONF_MODEL: model}
+            try:
+                await server_client(self.hass, data).test_chat(model)
+            except (AuthenticationError, CannotConnectError) as err:
+                errors["base"], reason = client_error_key(err), str(err)
+            except ClientError as err:
+                errors["base"], reason = "model_cannot_chat", str(err)
+            else:
+                if reconfiguring:
+                    return self.async_update_reload_and_abort(
+                        self._get_reconfigure_entry(), data=data
+                    )
+                await self.async_set_unique_id(f"{data[CONF_URL]}#{model}")
+                self._abort_if_unique_id_configured()
+                return self.async_create_entry(
+                    title=model, data=data, subentries=default_subentries()
+                )
+        current = self._get_reconfigure_entry().data.get(CONF_MODEL) if reconfiguring else None
+        return self.async_show_form(
+            step_id="server_model",
+            data_schema=probatio.Schema(
+                {
+                    probatio.Required(
+                        CONF_MODEL,
+                        default=current if current in self._models else self._models[0],
+                    ): SelectSelector(
+                        SelectSelectorConfig(options=self._models, mode=SelectSelectorMode.DROPDOWN)
+                    )
+                }
+            ),
+            errors=errors,
+            description_placeholders={"reason": reason, "url": self._server[CONF_URL]},
         )
 
     async def _async_start_engine(self) -> EmbeddedBackend:
@@ -272,7 +517,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         except Exception as err:  # every failure becomes a form error naming it
             LOGGER.warning("Model %s failed to load: %s", self._data[CONF_MODEL], err)
             self._errors, self._reason = {"base": load_error_key(err)}, str(err)
-            return self.async_show_progress_done(next_step_id="user")
+            return self.async_show_progress_done(next_step_id="embedded")
         return self.async_show_progress_done(next_step_id="finish")
 
     async def async_step_finish(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
@@ -284,27 +529,16 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         return self.async_create_entry(
             title=model_title(self._data[CONF_MODEL]),
             data=self._data,
-            subentries=[
-                {
-                    "subentry_type": SUBENTRY_CONVERSATION,
-                    "data": RECOMMENDED_CONVERSATION_OPTIONS,
-                    "title": DEFAULT_CONVERSATION_NAME,
-                    "unique_id": None,
-                },
-                {
-                    "subentry_type": SUBENTRY_AI_TASK,
-                    "data": RECOMMENDED_AI_TASK_OPTIONS,
-                    "title": DEFAULT_AI_TASK_NAME,
-                    "unique_id": None,
-                },
-            ],
+            subentries=default_subentries(),
         )
 
     async def async_step_reconfigure(
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
-        """Change the engine settings of an entry; the engine restarts with them."""
+        """Change the engine settings or the server of an entry; it restarts with them."""
         entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
+        if entry.data.get(CONF_BACKEND) == BACKEND_REMOTE:
+            return await self.async_step_server()
         errors: dict[str, str] = {}
         reason = ""
         if user_input is not None:

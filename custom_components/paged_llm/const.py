@@ -5,13 +5,23 @@ from __future__ import annotations
 import logging
 from typing import Final
 
+from paged_llm.protocol.priority import PRIORITY_NAMES, PriorityClass
+
 DOMAIN: Final = "paged_llm"
 LOGGER = logging.getLogger(__package__)
 
-# The bundled offline model; equal to paged_llm.engine.config.DEFAULT_MODEL, repeated here
-# so the config flow can offer it without importing the engine (and torch) on the event loop.
-DEFAULT_MODEL: Final = "bundled:SmolLM2-135M-Instruct"
 DEFAULT_TITLE: Final = "Paged LLM"
+
+# Where the model runs, kept in the config entry's data.
+CONF_BACKEND: Final = "backend"
+BACKEND_EMBEDDED: Final = "embedded"
+BACKEND_REMOTE: Final = "remote"
+BACKENDS: Final = (BACKEND_EMBEDDED, BACKEND_REMOTE)
+# Server settings: besides these, url, api_key, model and timeout from homeassistant.const.
+DEFAULT_SERVER_URL: Final = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT_S: Final = 60
+# How often the sensors of a server entry read its /metrics.
+REMOTE_METRICS_INTERVAL_S: Final = 5
 
 # Engine settings, kept in the config entry's data.
 CONF_DTYPE: Final = "dtype"
@@ -19,6 +29,9 @@ CONF_KV_BUDGET_MIB: Final = "kv_budget_mib"
 CONF_BLOCK_SIZE: Final = "block_size"
 CONF_MAX_NUM_SEQS: Final = "max_num_seqs"
 CONF_MAX_MODEL_LEN: Final = "max_model_len"
+# Minutes without requests before the model is unloaded (0: never).
+CONF_IDLE_UNLOAD_MIN: Final = "idle_unload_minutes"
+DEFAULT_IDLE_UNLOAD_MIN: Final = 0
 
 DEVICES: Final = ("auto", "cpu", "cuda")
 DTYPES: Final = ("auto", "float32", "bfloat16", "float16")
@@ -63,7 +76,8 @@ ATTR_MAX_TOKENS: Final = "max_tokens"
 ATTR_TEMPERATURE: Final = "temperature"
 ATTR_TEXT: Final = "text"
 ATTR_PATH: Final = "path"
-PRIORITIES: Final = ("interactive", "automation", "background")
+# The engine's request classes, most urgent first, by the names the library gives them.
+PRIORITIES: Final = PRIORITY_NAMES
 DEFAULT_SERVICE_PRIORITY: Final = "automation"
 DEFAULT_SUMMARY_MAX_TOKENS: Final = 512
 # Files beyond this are refused rather than read into memory whole.
@@ -80,7 +94,7 @@ SUMMARY_COMBINE_PROMPT: Final = (
     "one summary of the whole document. Answer with the summary only."
 )
 
-# Engine request classes, by the name the engine's Priority.parse accepts.
-PRIORITY_CONVERSATION: Final = "interactive"
-PRIORITY_AI_TASK: Final = "automation"
-PRIORITY_SUMMARY: Final = "background"
+# Which class each kind of request runs in.
+PRIORITY_CONVERSATION: Final = PriorityClass.INTERACTIVE.value
+PRIORITY_AI_TASK: Final = PriorityClass.AUTOMATION.value
+PRIORITY_SUMMARY: Final = PriorityClass.BACKGROUND.value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict
@@ -28,6 +29,7 @@ from .const import (
     DEFAULT_KV_BUDGET_MIB,
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_SEQS,
+    LOGGER,
 )
 from .prompt import PLAIN_STOP, chat_template, render_plain, template_knows_tools
 
@@ -146,11 +148,72 @@ def backend_error(err: EngineError, restart: bool = False) -> BackendError:
 
 
 class EmbeddedBackend:
-    """Runs requests on an AsyncEngine in this process."""
+    """Runs requests on an AsyncEngine in this process, unloading it when idle if asked."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        """Serve through a started engine."""
+    def __init__(self, engine: AsyncEngine, idle_unload_s: float = 0.0) -> None:
+        """Serve through a started engine; unload it after ``idle_unload_s`` (0: never)."""
         self.engine = engine
+        self.idle_unload_s = idle_unload_s
+        self.unloaded = False
+        self._busy = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._lock = asyncio.Lock()
+        # Each subscriber, with how to leave the current engine's pushes (None: unloaded).
+        self._subscribers: dict[Callable[[MetricsSnapshot], None], Callable[[], None] | None] = {}
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the model is in memory now."""
+        return not self.unloaded and bool(self.engine.is_running)
+
+    async def _async_ensure_loaded(self) -> None:
+        """Load the model again after an idle unload (the request waits for it)."""
+        async with self._lock:
+            if not self.unloaded:
+                return
+            from paged_llm.engine.async_engine import AsyncEngine
+
+            engine = AsyncEngine(self.engine.config)
+            try:
+                await engine.start()
+            except Exception as err:
+                await engine.stop()
+                raise BackendError(load_error_key(err), str(err)) from err
+            self.engine, self.unloaded = engine, False
+            for callback in self._subscribers:
+                self._subscribers[callback] = engine.subscribe(callback)
+            self._notify()
+
+    def _notify(self) -> None:
+        """Push the current snapshot, so whoever watches sees the loaded state change."""
+        snapshot = self.engine.metrics()
+        for callback in list(self._subscribers):
+            callback(snapshot)
+
+    def _arm(self) -> None:
+        """Start the idle countdown once nothing runs."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.idle_unload_s > 0 and self._busy == 0 and not self.unloaded:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(
+                self.idle_unload_s, lambda: loop.create_task(self._async_unload_idle())
+            )
+
+    async def _async_unload_idle(self) -> None:
+        """Free the model and the KV pool; the next request loads them again."""
+        async with self._lock:
+            if self._busy or self.unloaded:
+                return
+            for callback, leave in self._subscribers.items():
+                if leave is not None:
+                    leave()
+                self._subscribers[callback] = None
+            await self.engine.stop()
+            self.unloaded = True
+        LOGGER.info("Unloaded %s after %.0f idle seconds", self.config.model, self.idle_unload_s)
+        self._notify()
 
     @property
     def config(self) -> EngineConfig:
@@ -159,8 +222,8 @@ class EmbeddedBackend:
 
     @property
     def available(self) -> bool:
-        """Whether the engine's thread runs."""
-        return bool(self.engine.is_running)
+        """Whether the engine's thread runs, or it was unloaded on purpose and can reload."""
+        return self.unloaded or bool(self.engine.is_running)
 
     def _tokenizer(self) -> Any:
         """The model's tokenizer, or a seam error once the engine is gone."""
@@ -183,13 +246,13 @@ class EmbeddedBackend:
 
     async def async_count_tokens(self, text: str) -> int:
         """Tokens in ``text`` by the model's tokenizer (off the event loop)."""
+        await self._async_ensure_loaded()
         tokenizer = self._tokenizer()
         ids = await self._executor(tokenizer.encode, text, add_special_tokens=False)
         return len(ids)
 
     async def _executor(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run blocking work in the default executor."""
-        import asyncio
         import functools
 
         return await asyncio.get_running_loop().run_in_executor(
@@ -204,6 +267,26 @@ class EmbeddedBackend:
         tools: list[dict[str, Any]] | None = None,
     ) -> AsyncIterator[Delta]:
         """Stream from the engine: chat messages through the template, or a transcript."""
+        self._busy += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        try:
+            await self._async_ensure_loaded()
+            async for delta in self._stream(messages, sampling, priority, tools):
+                yield delta
+        finally:
+            self._busy -= 1
+            self._arm()
+
+    async def _stream(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        sampling: Sampling,
+        priority: str,
+        tools: list[dict[str, Any]] | None,
+    ) -> AsyncIterator[Delta]:
+        """One request on the loaded engine."""
         from paged_llm.engine.errors import EngineDeadError, EngineError
         from paged_llm.engine.sequence import SamplingParams
 
@@ -243,7 +326,15 @@ class EmbeddedBackend:
 
     def subscribe(self, callback: Callable[[MetricsSnapshot], None]) -> Callable[[], None]:
         """Snapshots pushed by the engine's thread, at most about once a second."""
-        unsubscribe: Callable[[], None] = self.engine.subscribe(callback)
+        self._subscribers[callback] = None if self.unloaded else self.engine.subscribe(callback)
+
+        def unsubscribe() -> None:
+            """Stop pushing to ``callback``, from this engine and any later one."""
+            if (leave := self._subscribers.pop(callback, None)) is not None:
+                leave()
+
+        # Setup subscribes once the entry is ready: from then on, idle time counts.
+        self._arm()
         return unsubscribe
 
     def check_settings(self, config: EngineConfig) -> None:
@@ -275,6 +366,8 @@ class EmbeddedBackend:
         config = engine.config
         figures: dict[str, Any] = {
             "backend": "embedded",
+            "loaded": self.loaded,
+            "idle_unload_s": self.idle_unload_s,
             "is_running": engine.is_running,
             "error": repr(engine.error) if engine.error else None,
             "config": {
@@ -303,4 +396,8 @@ class EmbeddedBackend:
 
     async def async_close(self) -> None:
         """Stop the engine's thread and free the model and the KV pool."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.idle_unload_s = 0.0
         await self.engine.stop()

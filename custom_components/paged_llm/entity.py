@@ -25,6 +25,7 @@ from .const import (
     MAX_TOOL_ITERATIONS,
 )
 from .prompt import build_messages, format_tool, json_schema_instruction, trim_history
+from .reasoning import ThinkSplitter
 from .runtime import PagedLLMConfigEntry, ha_error
 from .tool_calls import ToolCallStream
 
@@ -71,6 +72,19 @@ class PagedLLMBaseLLMEntity(Entity):
             model=entry.title,
             entry_type=dr.DeviceEntryType.SERVICE,
             via_device_id=entry.runtime_data.device_id,
+        )
+
+    @property
+    def available(self) -> bool:
+        """Unavailable while the engine is stopped or the server does not answer."""
+        data = getattr(self.entry, "runtime_data", None)
+        return data is not None and data.coordinator.last_update_success and data.backend.available
+
+    async def async_added_to_hass(self) -> None:
+        """Follow the backend's state through the metrics coordinator."""
+        await super().async_added_to_hass()
+        self.async_on_remove(
+            self.entry.runtime_data.coordinator.async_add_listener(self.async_write_ha_state)
         )
 
     async def _async_handle_chat_log(
@@ -124,12 +138,20 @@ class PagedLLMBaseLLMEntity(Entity):
         yield {"role": "assistant"}
         last = None
         calls: list[llm.ToolInput] = []
+        thinking = ThinkSplitter()
         async for delta in async_stream(
             self.hass, self.entry, messages, sampling, self._priority, native_tools
         ):
             last = delta
             calls.extend(delta.tool_calls)
-            text = parser.feed(delta.text) if parser else delta.text
+            reasoning, answer = thinking.feed(delta.text)
+            if delta.finished:
+                more_reasoning, rest = thinking.finish()
+                reasoning, answer = reasoning + more_reasoning, answer + rest
+            # Reasoning goes to the chat log's thinking content, never into the speech.
+            if reasoning := delta.reasoning + reasoning:
+                yield {"thinking_content": reasoning}
+            text = parser.feed(answer) if parser else answer
             if text:
                 yield {"content": text}
         if last is not None:

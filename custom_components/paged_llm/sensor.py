@@ -19,6 +19,7 @@ from homeassistant.helpers.update_coordinator import CoordinatorEntity, DataUpda
 
 from paged_llm.protocol.snapshot import MetricsSnapshot
 
+from .embedded import EmbeddedBackend
 from .entity import engine_device_info
 from .runtime import PagedLLMConfigEntry
 
@@ -136,11 +137,39 @@ async def async_setup_entry(
     config_entry: PagedLLMConfigEntry,
     async_add_entities: AddConfigEntryEntitiesCallback,
 ) -> None:
-    """Add the engine's sensors."""
+    """Add the engine's sensors, and whether the model is loaded where it runs here."""
     coordinator = config_entry.runtime_data.coordinator
-    async_add_entities(
+    sensors: list[SensorEntity] = [
         PagedLLMSensor(config_entry, coordinator, description) for description in SENSORS
-    )
+    ]
+    if isinstance(config_entry.runtime_data.backend, EmbeddedBackend):
+        sensors.append(PagedLLMLoadedSensor(config_entry, coordinator))
+    async_add_entities(sensors)
+
+
+class PagedLLMLoadedSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], SensorEntity):
+    """Whether the embedded model is in memory (it unloads when idle, if asked to)."""
+
+    _attr_has_entity_name = True
+    _attr_entity_category = EntityCategory.DIAGNOSTIC
+    _attr_device_class = SensorDeviceClass.ENUM
+    _attr_translation_key = "model_loaded"
+
+    def __init__(
+        self, entry: PagedLLMConfigEntry, coordinator: DataUpdateCoordinator[MetricsSnapshot]
+    ) -> None:
+        """Bind the sensor to its entry's engine."""
+        super().__init__(coordinator)
+        self.entry = entry
+        self._attr_options = ["loaded", "unloaded"]
+        self._attr_unique_id = f"{entry.entry_id}_model_loaded"
+        self._attr_device_info = engine_device_info(entry)
+
+    @property
+    def native_value(self) -> str:
+        """Loaded or unloaded."""
+        backend = self.entry.runtime_data.backend
+        return "loaded" if isinstance(backend, EmbeddedBackend) and backend.loaded else "unloaded"
 
 
 class PagedLLMSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], SensorEntity):

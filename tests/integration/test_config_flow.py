@@ -12,14 +12,15 @@ from homeassistant import config_entries
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import CONF_LLM_HASS_API, CONF_MODEL, CONF_NAME, CONF_PROMPT
 from homeassistant.core import HomeAssistant
-from homeassistant.data_entry_flow import FlowResultType
+from homeassistant.data_entry_flow import FlowResultType, InvalidData
 from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from custom_components.paged_llm.const import DEFAULT_MODEL, DOMAIN
+from custom_components.paged_llm.const import DOMAIN
 from paged_llm.engine.async_engine import AsyncEngine
+from paged_llm.protocol.defaults import DEFAULT_MODEL
 
 pytestmark = pytest.mark.usefixtures("ha_core")
 
@@ -29,13 +30,27 @@ def _form(settings: dict[str, Any]) -> dict[str, Any]:
     return {**settings, "block_size": str(settings["block_size"])}
 
 
-async def _user_flow(hass: HomeAssistant, settings: dict[str, Any]) -> dict[str, Any]:
-    """Run the user step and the progress step; return the result after the load."""
+async def _embedded_form(hass: HomeAssistant) -> dict[str, Any]:
+    """Start a flow and choose to run the model here; return the engine settings form."""
     result = await hass.config_entries.flow.async_init(
         DOMAIN, context={"source": config_entries.SOURCE_USER}
     )
     assert result["type"] is FlowResultType.FORM
     assert result["step_id"] == "user"
+    assert result["errors"] == {}
+    options = result["data_schema"].schema["backend"].config["options"]
+    assert options == ["embedded", "remote"]
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {"backend": "embedded"}
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "embedded"
+    return result
+
+
+async def _user_flow(hass: HomeAssistant, settings: dict[str, Any]) -> dict[str, Any]:
+    """Run the engine form and the progress step; return the result after the load."""
+    result = await _embedded_form(hass)
     result = await hass.config_entries.flow.async_configure(result["flow_id"], _form(settings))
     assert result["type"] is FlowResultType.SHOW_PROGRESS
     assert result["step_id"] == "load"
@@ -45,9 +60,7 @@ async def _user_flow(hass: HomeAssistant, settings: dict[str, Any]) -> dict[str,
 
 
 async def test_form_offers_the_bundled_default(hass: HomeAssistant) -> None:
-    result = await hass.config_entries.flow.async_init(
-        DOMAIN, context={"source": config_entries.SOURCE_USER}
-    )
+    result = await _embedded_form(hass)
     schema = result["data_schema"].schema
     model_key = next(key for key in schema if key == CONF_MODEL)
     assert model_key.default() == DEFAULT_MODEL
@@ -72,7 +85,7 @@ async def test_happy_path_loads_once_and_creates_entry_with_agents(
         await hass.async_block_till_done()
     assert result["type"] is FlowResultType.CREATE_ENTRY
     assert result["title"] == Path(engine_settings[CONF_MODEL]).name
-    assert result["data"] == engine_settings
+    assert result["data"] == {"backend": "embedded", **engine_settings, "idle_unload_minutes": 0}
     entry = result["result"]
     assert entry.unique_id == engine_settings[CONF_MODEL]
     assert sorted(s.subentry_type for s in entry.subentries.values()) == [
@@ -96,7 +109,7 @@ async def test_unloadable_model_is_a_form_error_naming_the_cause(
 ) -> None:
     result = await _user_flow(hass, {**engine_settings, CONF_MODEL: str(tmp_path)})
     assert result["type"] is FlowResultType.FORM
-    assert result["step_id"] == "user"
+    assert result["step_id"] == "embedded"
     assert result["errors"] == {"base": "model_load_failed"}
     assert "config.json is missing" in result["description_placeholders"]["reason"]
     assert str(tmp_path) in result["description_placeholders"]["reason"]
@@ -122,8 +135,8 @@ async def test_missing_gguf_file_is_a_form_error(
     assert "does not exist" in result["description_placeholders"]["reason"]
 
 
-async def test_torch_unavailable_is_a_form_error(
-    hass: HomeAssistant, engine_settings: dict[str, Any]
+async def test_broken_torch_explains_itself_and_offers_only_the_server(
+    hass: HomeAssistant,
 ) -> None:
     real_import = importlib.import_module
 
@@ -133,17 +146,24 @@ async def test_torch_unavailable_is_a_form_error(
         return real_import(name, package)
 
     with patch("custom_components.paged_llm.embedded.importlib.import_module", no_torch):
-        result = await _user_flow(hass, engine_settings)
-    assert result["errors"] == {"base": "torch_unavailable"}
-    assert "libtorch_cpu.so" in result["description_placeholders"]["reason"]
+        result = await hass.config_entries.flow.async_init(
+            DOMAIN, context={"source": config_entries.SOURCE_USER}
+        )
+        assert result["step_id"] == "user"
+        assert result["errors"] == {"base": "torch_unavailable"}
+        assert "libtorch_cpu.so" in result["description_placeholders"]["reason"]
+        assert result["data_schema"].schema["backend"].config["options"] == ["remote"]
+        # The engine cannot even be asked for.
+        with pytest.raises(InvalidData):
+            await hass.config_entries.flow.async_configure(
+                result["flow_id"], {"backend": "embedded"}
+            )
 
 
 async def test_duplicate_model_is_aborted(
     hass: HomeAssistant, mock_config_entry: MockConfigEntry, engine_settings: dict[str, Any]
 ) -> None:
-    result = await hass.config_entries.flow.async_init(
-        DOMAIN, context={"source": config_entries.SOURCE_USER}
-    )
+    result = await _embedded_form(hass)
     # The same folder spelt differently is the same model.
     spelled = engine_settings[CONF_MODEL] + "/./"
     result = await hass.config_entries.flow.async_configure(

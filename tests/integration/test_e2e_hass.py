@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 HASS = Path(sys.executable).with_name("hass")
@@ -61,7 +64,8 @@ def _free_port() -> int:
 class HomeAssistantProcess:
     """A Home Assistant started with ``hass -c`` and spoken to over HTTP on 127.0.0.1."""
 
-    def __init__(self, config_dir: Path, port: int) -> None:
+    def __init__(self, config_dir: Path, port: int, hass_bin: Path = HASS) -> None:
+        self.hass_bin = hass_bin
         self.config_dir = config_dir
         self.base = f"http://127.0.0.1:{port}"
         self.log = config_dir / "home-assistant.log"
@@ -73,7 +77,7 @@ class HomeAssistantProcess:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         self.process = subprocess.Popen(
             [
-                str(HASS),
+                str(self.hass_bin),
                 "-c",
                 str(self.config_dir),
                 "--skip-pip",
@@ -186,9 +190,8 @@ class HomeAssistantProcess:
         return {state["entity_id"]: state for state in body}
 
 
-@pytest.fixture
-def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssistantProcess]:
-    """A fresh Home Assistant with this integration linked into its config folder."""
+def _make_home_assistant(tmp_path: Path, hass_bin: Path = HASS) -> HomeAssistantProcess:
+    """A config folder with this integration linked in, and a Home Assistant for it."""
     config_dir = tmp_path / "config"
     (config_dir / "custom_components").mkdir(parents=True)
     (config_dir / "custom_components" / "paged_llm").symlink_to(
@@ -200,15 +203,25 @@ def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssista
     (config_dir / "configuration.yaml").write_text(
         CONFIGURATION.format(port=port, docs=docs), encoding="utf-8"
     )
-    hass = HomeAssistantProcess(config_dir, port)
+    return HomeAssistantProcess(config_dir, port, hass_bin)
+
+
+def _kill(hass: HomeAssistantProcess) -> None:
+    """Make sure the process is gone."""
+    if hass.process is not None and hass.process.poll() is None:
+        os.killpg(hass.process.pid, signal.SIGKILL)
+        hass.process.wait()
+
+
+@pytest.fixture
+def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssistantProcess]:
+    """A fresh Home Assistant with this integration linked into its config folder."""
+    hass = _make_home_assistant(tmp_path)
     hass.start()
     try:
         yield hass
     finally:
-        assert hass.process is not None
-        if hass.process.poll() is None:
-            os.killpg(hass.process.pid, signal.SIGKILL)
-            hass.process.wait()
+        _kill(hass)
 
 
 def _create_entry(hass: HomeAssistantProcess, model: str) -> dict[str, Any]:
@@ -219,6 +232,11 @@ def _create_entry(hass: HomeAssistantProcess, model: str) -> dict[str, Any]:
     assert status == 200, result
     assert result["step_id"] == "user"
     flow_id = result["flow_id"]
+    status, result = hass.request(
+        "POST", f"/api/config/config_entries/flow/{flow_id}", {"backend": "embedded"}
+    )
+    assert status == 200, result
+    assert result["step_id"] == "embedded", result
     status, result = hass.request(
         "POST",
         f"/api/config/config_entries/flow/{flow_id}",
@@ -263,7 +281,7 @@ def test_real_home_assistant_serves_concurrent_requests(
     states = hass.states()
     (agent,) = [e for e in states if e.startswith("conversation.") and "paged_llm" in e]
     sensors = {e: s for e, s in states.items() if e.startswith("sensor.") and "tiny_llama" in e}
-    assert len(sensors) == 9, sorted(states)
+    assert len(sensors) == 10, sorted(states)
 
     def converse(i: int) -> tuple[int, Any]:
         return hass.request(
@@ -331,5 +349,136 @@ def test_real_home_assistant_serves_concurrent_requests(
     records = re.split(r"\n(?=\d{4}-\d\d-\d\d )", hass.log.read_text(errors="replace"))
     ours = [r for r in records if "paged_llm" in r]
     assert ours, "the integration logged nothing at debug level"
+    assert not [r for r in ours if " ERROR " in r or "Traceback" in r], ours
+    assert not [r for r in records if "Detected blocking call" in r]
+
+
+# Development tools and the engine extra: what a Home Assistant OS user does not have.
+_NOT_IN_HOME_ASSISTANT_OS = {
+    "torch",
+    "transformers",
+    "gguf",
+    "accelerate",
+    "triton",
+    "numpy",
+    "hypothesis",
+    "ruff",
+    "mypy",
+    "matplotlib",
+    "setuptools",
+    "pytest-homeassistant-custom-component",
+    "openai",
+}
+
+
+def _venv_without_torch(folder: Path) -> Path:
+    """A virtualenv with Home Assistant and the built paged-llm wheel, and no torch."""
+    uv = shutil.which("uv")
+    assert uv is not None, "uv is needed (scripts/setup installs it)"
+    pins = [
+        line.split("#")[0].strip()
+        for line in (ROOT / "requirements_dev.txt").read_text().splitlines()
+        if line.split("#")[0].strip()
+    ]
+    wanted = [pin for pin in pins if re.split(r"[=<>\[ ]", pin)[0] not in _NOT_IN_HOME_ASSISTANT_OS]
+    venv = folder / "venv"
+    wheels = folder / "dist"
+    python = venv / "bin" / "python"
+
+    def run(*args: str) -> None:
+        subprocess.run(args, check=True, capture_output=True, text=True)
+
+    run(uv, "venv", "--quiet", "--python", sys.executable, str(venv))
+    run(uv, "build", "--quiet", "--wheel", "--no-build-isolation", "--python", sys.executable,
+        "--out-dir", str(wheels), str(ROOT))  # fmt: skip
+    (wheel,) = wheels.glob("paged_llm-*.whl")
+    run(uv, "pip", "install", "--quiet", "--python", str(python), *wanted, str(wheel))
+    probe = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import paged_llm.client, importlib.util as u;print(u.find_spec('torch') is None)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.strip() == "True", "torch must not be installed in this virtualenv"
+    return venv / "bin" / "hass"
+
+
+@pytest.mark.slow
+def test_home_assistant_without_torch_answers_through_a_server(
+    tmp_path: Path, socket_enabled: None, tiny_model_dir: Path
+) -> None:
+    # What a Home Assistant OS user gets: Home Assistant and `paged-llm` without torch,
+    # the model on a `paged-llm serve` elsewhere. Set up over REST, then concurrent use.
+    hass_bin = _venv_without_torch(tmp_path / "os")
+    server = ServerProcess(tiny_model_dir)
+    server.start()
+    hass = _make_home_assistant(tmp_path, hass_bin)
+    try:
+        hass.start()
+        hass.wait_until_up()
+        hass.onboard()
+        flow = "/api/config/config_entries/flow"
+        status, result = hass.request("POST", flow, {"handler": "paged_llm"})
+        assert status == 200, result
+        # Without torch on glibc the engine stays on offer (Home Assistant would install
+        # it); on musl the form would say why and offer only the server.
+        assert result["step_id"] == "user", result
+        (choice,) = result["data_schema"]
+        assert "remote" in choice["selector"]["select"]["options"], result
+        flow_id = result["flow_id"]
+        for step in (
+            {"backend": "remote"},
+            {"url": server.url, "timeout": 60},
+            {"model": server.served_name},
+        ):
+            status, result = hass.request("POST", f"{flow}/{flow_id}", step)
+            assert status == 200, result
+        assert result["type"] == "create_entry", result
+        assert result["result"]["state"] == "loaded", hass.log_tail()
+
+        states = hass.states()
+        (agent,) = [e for e in states if e.startswith("conversation.") and "paged_llm" in e]
+        sensors = [e for e in states if e.startswith("sensor.") and "tiny" in e]
+        assert len(sensors) == 9, sorted(states)
+
+        def converse(i: int) -> tuple[int, Any]:
+            return hass.request(
+                "POST",
+                "/api/conversation/process",
+                {"text": f"Turn on lamp {i}", "agent_id": agent, "language": "en"},
+            )
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            replies = list(pool.map(converse, range(4)))
+        for status, reply in replies:
+            assert status == 200, reply
+            assert reply["response"]["speech"]["plain"]["speech"], reply
+        status, body = hass.request(
+            "POST",
+            "/api/services/paged_llm/generate?return_response",
+            {"prompt": "Name a colour", "priority": "background", "max_tokens": 4},
+        )
+        assert status == 200, body
+        assert body["service_response"]["completion_tokens"] >= 1
+
+        # The sensors read the server's /metrics every few seconds.
+        ttft = next(e for e in sensors if e.endswith("time_to_first_token_p95"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            value = hass.states()[ttft]["state"]
+            if value not in ("unknown", "unavailable") and float(value) > 0:
+                break
+            time.sleep(0.5)
+        assert float(hass.states()[ttft]["state"]) > 0
+        assert hass.stop() == 0
+    finally:
+        _kill(hass)
+        server.stop()
+    records = re.split(r"\n(?=\d{4}-\d\d-\d\d )", hass.log.read_text(errors="replace"))
+    ours = [r for r in records if "paged_llm" in r]
     assert not [r for r in ours if " ERROR " in r or "Traceback" in r], ours
     assert not [r for r in records if "Detected blocking call" in r]

@@ -26,6 +26,7 @@ EXPECTED = {
     "time_to_first_token_p95": ("s", "unknown"),
     "generation_throughput": ("tokens/s", "0.0"),
     "prefix_cache_hit_rate": ("%", "0.0"),
+    "model_loaded": (None, "loaded"),
 }
 
 

@@ -1,0 +1,380 @@
+"""The integration against a real `paged-llm serve` process: flow, agents, actions, sensors."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncGenerator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_socket
+from homeassistant import config_entries
+from homeassistant.components import ai_task, conversation
+from homeassistant.config_entries import ConfigEntryState
+from homeassistant.const import STATE_UNAVAILABLE
+from homeassistant.core import Context, HomeAssistant
+from homeassistant.data_entry_flow import FlowResultType
+from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
+from homeassistant.helpers import entity_registry as er
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+from custom_components.paged_llm.placement import engine_requirements
+
+from server_process import ServerProcess, free_port
+
+DOMAIN = "paged_llm"
+API_KEY = "test-key-123"
+
+
+@pytest.fixture(autouse=True)
+def local_sockets(socket_enabled: None) -> None:
+    """Let the tests reach the server process (the harness still allows only 127.0.0.1)."""
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
+    """One server for the module, with an API key."""
+    # Module fixtures start before the function-scoped socket_enabled.
+    pytest_socket.enable_socket()
+    process = ServerProcess(tiny_model_dir, api_key=API_KEY)
+    process.start()
+    yield process
+    process.stop()
+
+
+def _remote_data(server: ServerProcess) -> dict[str, Any]:
+    return {
+        "backend": "remote",
+        "url": server.url,
+        "api_key": API_KEY,
+        "timeout": 30,
+        "model": server.served_name,
+    }
+
+
+def _entry(
+    hass: HomeAssistant,
+    server: ServerProcess,
+    conversation_options: dict[str, Any],
+    ai_task_options: dict[str, Any],
+) -> MockConfigEntry:
+    entry = MockConfigEntry(
+        domain=DOMAIN,
+        title=server.served_name,
+        data=_remote_data(server),
+        unique_id=f"{server.url}#{server.served_name}",
+        subentries_data=[
+            {
+                "subentry_type": "conversation",
+                "data": conversation_options,
+                "title": "Remote conversation",
+                "unique_id": None,
+            },
+            {
+                "subentry_type": "ai_task_data",
+                "data": ai_task_options,
+                "title": "Remote AI task",
+                "unique_id": None,
+            },
+        ],
+    )
+    entry.add_to_hass(hass)
+    return entry
+
+
+@pytest.fixture
+async def remote_entry(
+    hass: HomeAssistant,
+    ha_core: None,
+    server: ServerProcess,
+    conversation_options: dict[str, Any],
+    ai_task_options: dict[str, Any],
+) -> AsyncGenerator[MockConfigEntry]:
+    """An entry set up against the module's server; unloaded afterwards."""
+    entry = _entry(hass, server, conversation_options, ai_task_options)
+    assert await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    assert entry.state is ConfigEntryState.LOADED
+    yield entry
+    if entry.state is ConfigEntryState.LOADED:
+        assert await hass.config_entries.async_unload(entry.entry_id)
+        await hass.async_block_till_done()
+
+
+def _entity_id(hass: HomeAssistant, domain: str, unique_id: str) -> str:
+    entity_id = er.async_get(hass).async_get_entity_id(domain, DOMAIN, unique_id)
+    assert entity_id is not None, unique_id
+    return entity_id
+
+
+def _agent(hass: HomeAssistant, entry: MockConfigEntry, kind: str) -> str:
+    subentry = next(s for s in entry.subentries.values() if s.subentry_type == kind)
+    domain = "conversation" if kind == "conversation" else "ai_task"
+    return _entity_id(hass, domain, subentry.subentry_id)
+
+
+def _sensor(hass: HomeAssistant, entry: MockConfigEntry, key: str) -> str:
+    state = hass.states.get(_entity_id(hass, "sensor", f"{entry.entry_id}_{key}"))
+    assert state is not None
+    return state.state
+
+
+async def _start_server_flow(hass: HomeAssistant) -> dict[str, Any]:
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN, context={"source": config_entries.SOURCE_USER}
+    )
+    assert result["step_id"] == "user"
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {"backend": "remote"}
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "server"
+    return result
+
+
+async def test_flow_to_a_server_names_each_error_then_creates_the_entry(
+    hass: HomeAssistant, ha_core: None, server: ServerProcess
+) -> None:
+    result = await _start_server_flow(hass)
+    flow_id = result["flow_id"]
+
+    nobody = f"http://127.0.0.1:{free_port()}"
+    result = await hass.config_entries.flow.async_configure(flow_id, {"url": nobody, "timeout": 5})
+    assert result["errors"] == {"base": "cannot_connect"}
+    assert nobody in result["description_placeholders"]["reason"]
+
+    result = await hass.config_entries.flow.async_configure(
+        flow_id, {"url": server.url, "api_key": "wrong", "timeout": 5}
+    )
+    assert result["errors"] == {"base": "invalid_auth"}
+
+    # With /v1 or without: the same server.
+    result = await hass.config_entries.flow.async_configure(
+        flow_id, {"url": f"{server.url}/v1/", "api_key": API_KEY, "timeout": 30}
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "server_model"
+    assert result["data_schema"].schema["model"].config["options"] == [server.served_name]
+
+    result = await hass.config_entries.flow.async_configure(flow_id, {"model": server.served_name})
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert result["data"] == _remote_data(server)
+    assert result["title"] == server.served_name
+    entry = result["result"]
+    await hass.async_block_till_done()
+    assert entry.state is ConfigEntryState.LOADED
+    entities = er.async_entries_for_config_entry(er.async_get(hass), entry.entry_id)
+    assert sorted({e.domain for e in entities}) == ["ai_task", "conversation", "sensor"]
+    # No engine in this process: the backend is the server.
+    assert type(entry.runtime_data.backend).__name__ == "RemoteBackend"
+
+    # Reconfigure: a wrong key is refused, the right one saved.
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN,
+        context={"source": config_entries.SOURCE_RECONFIGURE, "entry_id": entry.entry_id},
+    )
+    assert result["step_id"] == "server"
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {"url": server.url, "api_key": "nope", "timeout": 30}
+    )
+    assert result["errors"] == {"base": "invalid_auth"}
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {"url": server.url, "api_key": API_KEY, "timeout": 12}
+    )
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {"model": server.served_name}
+    )
+    assert result["type"] is FlowResultType.ABORT
+    assert result["reason"] == "reconfigure_successful"
+    await hass.async_block_till_done()
+    assert entry.data["timeout"] == 12
+    assert entry.state is ConfigEntryState.LOADED
+    assert await hass.config_entries.async_unload(entry.entry_id)
+
+
+async def test_a_model_that_cannot_chat_is_a_form_error(
+    hass: HomeAssistant, ha_core: None, tiny_model_dir: Path
+) -> None:
+    # A context too short for any chat request: the server refuses the one-token test.
+    cramped = ServerProcess(tiny_model_dir, "--max-model-len", "4")
+    cramped.start()
+    try:
+        result = await _start_server_flow(hass)
+        result = await hass.config_entries.flow.async_configure(
+            result["flow_id"], {"url": cramped.url, "timeout": 30}
+        )
+        assert result["step_id"] == "server_model"
+        result = await hass.config_entries.flow.async_configure(
+            result["flow_id"], {"model": cramped.served_name}
+        )
+    finally:
+        cramped.stop()
+    assert result["type"] is FlowResultType.FORM
+    assert result["errors"] == {"base": "model_cannot_chat"}
+    assert result["description_placeholders"]["reason"]
+
+
+async def test_conversation_task_actions_and_sensors_through_the_server(
+    hass: HomeAssistant, remote_entry: MockConfigEntry
+) -> None:
+    entry = remote_entry
+    agent = _agent(hass, entry, "conversation")
+    result = await conversation.async_converse(hass, "Hello there", None, Context(), agent_id=agent)
+    assert result.response.response_type is not conversation.intent.IntentResponseType.ERROR
+    speech = result.response.speech["plain"]["speech"]
+    assert speech.strip()
+
+    task = await ai_task.async_generate_data(
+        hass, task_name="hi", entity_id=_agent(hass, entry, "ai_task_data"), instructions="Hi"
+    )
+    assert isinstance(task.data, str)
+    assert task.data.strip()
+
+    response = await hass.services.async_call(
+        DOMAIN,
+        "generate",
+        {"prompt": "Name a colour", "priority": "background", "max_tokens": 4},
+        blocking=True,
+        return_response=True,
+    )
+    assert response is not None
+    assert 1 <= response["completion_tokens"] <= 4
+    assert response["prompt_tokens"] > 3
+    assert response["text"]
+
+    summary = await hass.services.async_call(
+        DOMAIN,
+        "summarize",
+        {"text": "The heating ran all night. " * 20, "max_tokens": 6},
+        blocking=True,
+        return_response=True,
+    )
+    assert summary is not None
+    assert summary["chunks"] == 1
+    assert summary["requests"] == 1
+
+    # The server refuses what the engine refuses, and the error says so.
+    with pytest.raises(ServiceValidationError) as err:
+        await hass.services.async_call(
+            DOMAIN,
+            "generate",
+            {"prompt": "word " * 5000, "max_tokens": 4},
+            blocking=True,
+            return_response=True,
+        )
+    assert err.value.translation_key == "server_rejected"
+
+    # Sensors: the server's /metrics (vLLM's names) and this side's own timings.
+    await entry.runtime_data.coordinator.async_refresh()
+    await hass.async_block_till_done()
+    assert _sensor(hass, entry, "running_requests") == "0"
+    assert _sensor(hass, entry, "waiting_requests") == "0"
+    assert _sensor(hass, entry, "kv_blocks_used") == "0"
+    assert float(_sensor(hass, entry, "kv_cache_usage")) == 0.0
+    assert float(_sensor(hass, entry, "time_to_first_token_p95")) > 0
+    assert float(_sensor(hass, entry, "queue_wait_p95")) >= 0
+    assert float(_sensor(hass, entry, "prefix_cache_hit_rate")) >= 0
+    snapshot = entry.runtime_data.backend.metrics()
+    assert snapshot.generation_tokens_total >= 4
+    assert snapshot.kv_blocks_total > 0
+    assert snapshot.prompt_tokens_total > 0
+
+
+async def test_server_stopped_and_restarted_under_home_assistant(
+    hass: HomeAssistant,
+    ha_core: None,
+    tiny_model_dir: Path,
+    conversation_options: dict[str, Any],
+    ai_task_options: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = ServerProcess(tiny_model_dir, api_key=API_KEY)
+    server.start()
+    try:
+        entry = _entry(hass, server, conversation_options, ai_task_options)
+        assert await hass.config_entries.async_setup(entry.entry_id)
+        await hass.async_block_till_done()
+        coordinator = entry.runtime_data.coordinator
+        agent = _agent(hass, entry, "conversation")
+        assert hass.states.get(agent).state != STATE_UNAVAILABLE
+
+        server.stop()
+        caplog.clear()
+        for _ in range(3):
+            await coordinator.async_refresh()
+        await hass.async_block_till_done()
+        assert _sensor(hass, entry, "running_requests") == STATE_UNAVAILABLE
+        assert hass.states.get(agent).state == STATE_UNAVAILABLE
+        warnings = [
+            r
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and r.name.startswith("custom_components.paged_llm")
+        ]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        with pytest.raises(HomeAssistantError) as err:
+            await hass.services.async_call(
+                DOMAIN, "generate", {"prompt": "Hi"}, blocking=True, return_response=True
+            )
+        assert err.value.translation_key in {"engine_dead", "server_unreachable"}
+
+        server.start()
+        await coordinator.async_refresh()
+        await hass.async_block_till_done()
+        assert _sensor(hass, entry, "running_requests") == "0"
+        assert hass.states.get(agent).state != STATE_UNAVAILABLE
+        response = await hass.services.async_call(
+            DOMAIN,
+            "generate",
+            {"prompt": "Hi", "max_tokens": 2},
+            blocking=True,
+            return_response=True,
+        )
+        assert response is not None
+        assert response["completion_tokens"] >= 1
+        assert await hass.config_entries.async_unload(entry.entry_id)
+    finally:
+        server.stop()
+
+
+async def test_without_torch_the_server_choice_still_works(
+    hass: HomeAssistant, ha_core: None, server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch cannot be imported at all. The engine is offered (Home Assistant would install
+    # it); the install cannot make it importable, so the form says why, offers the server.
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert {"torch>=2.9", "transformers<6,>=5.0"} <= set(engine_requirements())
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN, context={"source": config_entries.SOURCE_USER}
+    )
+    assert result["data_schema"].schema["backend"].config["options"] == ["embedded", "remote"]
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {"backend": "embedded"}
+    )
+    assert result["type"] is FlowResultType.SHOW_PROGRESS
+    assert result["progress_action"] == "install_engine"
+    await hass.async_block_till_done()
+    result = await hass.config_entries.flow.async_configure(result["flow_id"])
+    assert result["step_id"] == "user"
+    assert result["errors"] == {"base": "torch_unavailable"}
+    assert "torch" in result["description_placeholders"]["reason"]
+    assert result["data_schema"].schema["backend"].config["options"] == ["remote"]
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {"backend": "remote"}
+    )
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {"url": server.url, "api_key": API_KEY, "timeout": 30}
+    )
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], {"model": server.served_name}
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    entry = result["result"]
+    await hass.async_block_till_done()
+    assert entry.state is ConfigEntryState.LOADED
+    answer = await conversation.async_converse(
+        hass, "Hello", None, Context(), agent_id=_agent(hass, entry, "conversation")
+    )
+    assert answer.response.speech["plain"]["speech"].strip()
+    assert await hass.config_entries.async_unload(entry.entry_id)
