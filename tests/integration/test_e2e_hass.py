@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from server_process import ServerProcess
+from remote_server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 HASS = Path(sys.executable).with_name("hass")

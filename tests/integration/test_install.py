@@ -33,7 +33,7 @@ from test_e2e_hass import (
     _kill,
 )
 
-from server_process import ServerProcess
+from remote_server import ServerProcess
 
 LIBRARY = "paged-llm"
 # Requirements of Home Assistant's own components that it would install at run time

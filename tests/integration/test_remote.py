@@ -23,7 +23,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 from custom_components.paged_llm.diagnostics import async_get_config_entry_diagnostics
 from custom_components.paged_llm.placement import engine_requirements
 
-from server_process import ServerProcess, free_port
+from remote_server import ServerProcess, free_port
 
 DOMAIN = "paged_llm"
 API_KEY = "test-key-123"
