@@ -29,7 +29,7 @@ GROUP_SIZE = 32  # GGUF's block size, and a group size torch's int4 kernel accep
 class WeightFormat(enum.StrEnum):
     """How linear weights are held: as loaded, or quantized for the CPU kernels."""
 
-    AUTO = "auto"  # a GGUF file's Q4 layers stay 4-bit on CPU; everything else float
+    AUTO = "auto"  # dense for now (see loader.apply_weights)
     FLOAT = "float"  # dense weights in the engine's dtype
     Q4 = "q4"  # 4-bit groups of 32 (a float model is quantized at load)
     Q8 = "q8"  # 8-bit, one scale per output row

@@ -40,7 +40,9 @@ def fill_pool(
         need = -(-len(prompt) // block_size)
         if need + 1 > kv.num_free_blocks:
             break
-        kv.allocate(seq, len(prompt) - kv.get_computed_tokens(seq))
+        computed = kv.get_computed_blocks(seq)
+        if not kv.allocate_slots(seq, len(prompt) - computed.num_tokens, computed):
+            break
         seq.num_computed_tokens = len(prompt)
         seq.status = SequenceStatus.RUNNING
         kv.cache_blocks(seq)

@@ -211,6 +211,13 @@ async def ensure_entry(
     if status != 200:
         raise ProvisionError(f"starting the {DOMAIN} config flow failed ({status}): {result}")
     flow_id = result["flow_id"]
+    if result.get("step_id") == "user":
+        # First the flow asks where the model runs: here, in this Home Assistant.
+        status, result = await api.rest(
+            "POST", f"/api/config/config_entries/flow/{flow_id}", {"backend": "embedded"}
+        )
+        if status != 200 or result.get("step_id") != "embedded":
+            raise ProvisionError(f"the engine cannot run in this Home Assistant: {result}")
     status, result = await api.rest("POST", f"/api/config/config_entries/flow/{flow_id}", settings)
     deadline = time.monotonic() + wait_s
     while status == 200 and result.get("type") == "progress" and time.monotonic() < deadline:

@@ -50,9 +50,9 @@ class Summarizer:
         self.entry = entry
         self.sampling = sampling
         # Parts summarise pieces of the text; only the final summary is held to max_tokens.
-        # A part may use an eighth of the context, so a piece still leaves room for text.
-        context = entry.runtime_data.backend.context_size
-        part_tokens = min(SUMMARY_PART_MAX_TOKENS, context // 8)
+        # A part may answer in an eighth of the longest request, so a piece still leaves
+        # room for text.
+        part_tokens = min(SUMMARY_PART_MAX_TOKENS, self._longest() // 8)
         self.part_sampling = replace(sampling, max_tokens=part_tokens)
         self.reserve = max(sampling.max_tokens, part_tokens)
         self.chunks = 0
@@ -67,13 +67,18 @@ class Summarizer:
         """The request for one piece of text."""
         return [{"role": "user", "content": f"{instruction}\n\n{text}"}]
 
+    def _longest(self) -> int:
+        """The most tokens one request may hold: the context, and a share of the KV pool."""
+        backend = self.entry.runtime_data.backend
+        if (pool := backend.kv_pool_tokens) is not None:
+            return min(backend.context_size, int(pool * SUMMARY_POOL_SHARE))
+        return backend.context_size
+
     async def _split(self, instruction: str, text: str) -> list[str]:
-        """Cut text into pieces whose request fits the context."""
+        """Cut text into pieces whose request fits the context and its share of the pool."""
         backend = self.entry.runtime_data.backend
         context = backend.context_size
-        longest = context
-        if (pool := backend.kv_pool_tokens) is not None:
-            longest = min(context, int(pool * SUMMARY_POOL_SHARE))
+        longest = self._longest()
         overhead = await backend.async_count_tokens(instruction) + TEMPLATE_MARGIN
         budget = longest - self.reserve - overhead
         tokens = await backend.async_count_tokens(text)

@@ -25,7 +25,8 @@ def admit(
 ) -> Sequence:
     """Allocate a sequence's whole prompt as computed and register its full blocks."""
     seq = Sequence(rid, tokens, SamplingParams(max_tokens=4), priority, 0.0)
-    kv.allocate(seq, len(tokens) - kv.get_computed_tokens(seq))
+    computed = kv.get_computed_blocks(seq)
+    assert kv.allocate_slots(seq, len(tokens) - computed.num_tokens, computed)
     seq.num_computed_tokens = len(tokens)
     seq.status = SequenceStatus.RUNNING
     kv.cache_blocks(seq)

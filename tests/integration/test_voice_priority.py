@@ -26,7 +26,7 @@ async def test_voice_is_never_queued_behind_a_summary_larger_than_the_pool(
     hass: HomeAssistant, init_integration: MockConfigEntry, make_long_text: Callable[[int], str]
 ) -> None:
     entry = init_integration
-    engine = entry.runtime_data.engine
+    engine = entry.runtime_data.backend.engine
     llm_engine = engine.engine
     kv = llm_engine.kv_manager
     pool_tokens = kv.num_blocks * kv.block_size
