@@ -456,7 +456,7 @@ def test_home_assistant_without_torch_answers_through_a_server(
         states = hass.states()
         (agent,) = [e for e in states if e.startswith("conversation.") and "paged_llm" in e]
         sensors = [e for e in states if e.startswith("sensor.") and "tiny" in e]
-        assert len(sensors) == 9, sorted(states)
+        assert len(sensors) == 11, sorted(states)
 
         def converse(i: int) -> tuple[int, Any]:
             return hass.request(
@@ -479,7 +479,7 @@ def test_home_assistant_without_torch_answers_through_a_server(
         assert body["service_response"]["completion_tokens"] >= 1
 
         # The sensors read the server's /metrics every few seconds.
-        ttft = next(e for e in sensors if e.endswith("time_to_first_token_p95"))
+        ttft = next(e for e in sensors if e.endswith("time_to_first_token_interactive_p95"))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             value = hass.states()[ttft]["state"]
