@@ -16,6 +16,7 @@ from .loader import LoadedModel
 from .penalties import apply_penalties
 from .sampler import Sampler
 from .scheduler import SchedulerOutput
+from .sequence import Sequence
 from .structured import StructuredOutput
 
 ATTENTION_NAME = "paged_llm"
@@ -188,15 +189,33 @@ class ModelRunner:
                 return {}
             seqs = [chunks[i].seq for i in sample_rows]
             logits = apply_penalties(logits, seqs)
-            if self.structured is not None:
-                self.structured.apply(logits, seqs)
+            failed = self._apply_grammars(logits, seqs)
             tokens: list[int | Exception]
             try:
                 tokens = list(self.sampler.sample(logits, seqs))
             except Exception:
                 # One request broke the batch: sample row by row so only it fails.
                 tokens = self.sampler.sample_each(logits, seqs)
+            for row, err in failed.items():
+                tokens[row] = err
         return {seq.request_id: tok for seq, tok in zip(seqs, tokens, strict=True)}
+
+    def _apply_grammars(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, Exception]:
+        """Mask the constrained rows; return the rows whose grammar failed, with the error."""
+        if self.structured is None:
+            return {}
+        try:
+            self.structured.apply(logits, seqs)
+            return {}
+        except Exception:
+            # One request's grammar broke the batch: mask row by row so only it fails.
+            failed: dict[int, Exception] = {}
+            for row, seq in enumerate(seqs):
+                try:
+                    self.structured.apply(logits[row : row + 1], [seq])
+                except Exception as err:
+                    failed[row] = err
+            return failed
 
     def release(self, request_id: str) -> None:
         """Forget per-request sampler state (its seeded generator)."""

@@ -272,3 +272,25 @@ def test_the_synchronous_entry_points_name_their_arguments() -> None:
     engine.add_request([5, 6], GREEDY, request_id="fine")
     assert _drain(engine)["fine"][-1].completion_tokens == 6
     assert engine.kv_manager.num_used_blocks == 0
+
+
+def test_a_grammar_failure_fails_only_its_request() -> None:
+    engine = make_engine()
+    structured = engine.runner.structured
+    real = structured.sync
+
+    def sync(seq: Any) -> bool:
+        if seq.request_id == "bad":
+            raise RuntimeError("grammar fault")
+        return real(seq)
+
+    structured.sync = sync
+    engine.add_request([5, 6, 7], GREEDY, request_id="free")
+    engine.add_request([8, 8], SamplingParams(max_tokens=6, json_object=True), request_id="json")
+    engine.add_request([9, 9, 9], SamplingParams(max_tokens=6, json_object=True), request_id="bad")
+    outs = _drain(engine)
+    assert outs["bad"][-1].finish_reason is FinishReason.ERROR
+    assert str(outs["bad"][-1].error) == "grammar fault"
+    assert outs["free"][-1].completion_tokens == 6
+    assert outs["json"][-1].finish_reason is not FinishReason.ERROR
+    assert engine.kv_manager.num_used_blocks == 0

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import pytest_socket
+from aiohttp import web
 from homeassistant import config_entries
 from homeassistant.components import ai_task, conversation
 from homeassistant.config_entries import ConfigEntryState
@@ -388,3 +389,31 @@ async def test_without_torch_the_server_choice_still_works(
     )
     assert answer.response.speech["plain"]["speech"].strip()
     assert await hass.config_entries.async_unload(entry.entry_id)
+
+
+async def test_a_server_that_offers_no_models_is_a_form_error(
+    hass: HomeAssistant, ha_core: None
+) -> None:
+    # A real HTTP server that speaks the models endpoint but lists nothing (what an
+    # Ollama with no model pulled answers).
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": []})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    try:
+        result = await _start_server_flow(hass)
+        result = await hass.config_entries.flow.async_configure(
+            result["flow_id"], {"url": f"http://127.0.0.1:{port}", "timeout": 5}
+        )
+        assert result["type"] is FlowResultType.FORM
+        assert result["step_id"] == "server"
+        assert result["errors"] == {"base": "no_models"}
+        assert str(port) in result["description_placeholders"]["reason"]
+    finally:
+        await runner.cleanup()
