@@ -8,6 +8,7 @@ import itertools
 import random
 import statistics
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from bench_runners import engine_config, pct
@@ -214,7 +215,9 @@ def summary_experiment(
     ``VOICE_GAP`` seconds while ``paged_llm.summarize``'s Summarizer runs with its own
     chunking; their time to first token and queue wait are compared.
     """
-    from custom_components.paged_llm.services import Summarizer
+    from custom_components.paged_llm.backend import Sampling
+    from custom_components.paged_llm.embedded import EmbeddedBackend
+    from custom_components.paged_llm.summarize import Summarizer
 
     voice = [r for r in workload if r.priority == "interactive"]
     config = engine_config(args, KVLayout.PAGED)
@@ -243,10 +246,14 @@ def summary_experiment(
         doc_tokens = len(loaded.tokenizer.encode(document))
         await ask(engine, voice[0])  # caches the system prompt
         idle = [await ask(engine, req) for req in voice[1:5]]
+        # The integration's config entry, as far as the Summarizer reads it: the backend.
+        entry = SimpleNamespace(
+            entry_id="bench", runtime_data=SimpleNamespace(backend=EmbeddedBackend(engine))
+        )
         summarizer = Summarizer(
             _ExecutorHost(),  # type: ignore[arg-type]
-            engine,
-            SamplingParams(temperature=0, max_tokens=64, ignore_eos=True),
+            entry,  # type: ignore[arg-type]
+            Sampling(max_tokens=64, temperature=0.0),
         )
         began = time.monotonic()
         summary = asyncio.ensure_future(summarizer.async_summarize(document))
