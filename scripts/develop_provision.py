@@ -26,7 +26,7 @@ BURST_SCRIPT = "paged_llm_burst"
 BURST_TEXT = "paged_llm_burst.txt"
 # A pool small enough that the card's grid shows each block, big enough for a summary.
 ENTRY_SETTINGS = {
-    "model": "bundled:SmolLM2-135M-Instruct",
+    "model": "bundled",
     "device": "auto",
     "dtype": "auto",
     "kv_budget_mib": 192,

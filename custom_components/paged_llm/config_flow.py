@@ -60,6 +60,7 @@ from .const import (
     BLOCK_SIZES,
     CONF_BACKEND,
     CONF_BLOCK_SIZE,
+    CONF_CUSTOM_MODEL,
     CONF_DTYPE,
     CONF_IDLE_UNLOAD_MIN,
     CONF_KV_BUDGET_MIB,
@@ -88,6 +89,8 @@ from .const import (
     LOGGER,
     MAX_KV_BUDGET_MIB,
     MAX_MAX_TOKENS,
+    MODEL_BUNDLED,
+    MODEL_OTHER,
     SUBENTRY_AI_TASK,
     SUBENTRY_CONVERSATION,
 )
@@ -135,13 +138,20 @@ def engine_schema(defaults: Mapping[str, Any], with_model: bool) -> probatio.Sch
     values = form_values(defaults)
     schema: dict[Any, Any] = {}
     if with_model:
+        # A fixed list, not a combo box: the browser then shows the option's name, where a
+        # combo box shows the raw value ("bundled:…") once something is chosen.
         schema[probatio.Required(CONF_MODEL, default=values[CONF_MODEL])] = SelectSelector(
             SelectSelectorConfig(
-                options=[SelectOptionDict(value=DEFAULT_MODEL, label=BUNDLED_LABEL)],
-                custom_value=True,
+                options=[MODEL_BUNDLED, MODEL_OTHER],
+                translation_key=CONF_MODEL,
                 mode=SelectSelectorMode.DROPDOWN,
             )
         )
+        schema[
+            probatio.Optional(
+                CONF_CUSTOM_MODEL, description={"suggested_value": values[CONF_CUSTOM_MODEL]}
+            )
+        ] = TextSelector()
     schema.update(
         {
             probatio.Required(CONF_DEVICE, default=values[CONF_DEVICE]): SelectSelector(
@@ -211,14 +221,31 @@ def coerce_engine_input(user_input: Mapping[str, Any]) -> dict[str, Any]:
         CONF_IDLE_UNLOAD_MIN: int(user_input.get(CONF_IDLE_UNLOAD_MIN, DEFAULT_IDLE_UNLOAD_MIN)),
     }
     if CONF_MODEL in user_input:
-        data[CONF_MODEL] = normalize_model(user_input[CONF_MODEL])
+        data[CONF_MODEL] = chosen_model(user_input)
     return data
 
 
+class NoModelTypedError(ValueError):
+    """The form chose "Another model" but no model was typed."""
+
+
+def chosen_model(user_input: Mapping[str, Any]) -> str:
+    """The model the form's two fields name, in its canonical spelling."""
+    if user_input[CONF_MODEL] == MODEL_BUNDLED:
+        return str(DEFAULT_MODEL)
+    typed = str(user_input.get(CONF_CUSTOM_MODEL) or "").strip()
+    if not typed:
+        raise NoModelTypedError
+    return normalize_model(typed)
+
+
 def form_values(data: Mapping[str, Any]) -> dict[str, Any]:
-    """Entry data as the form shows it (the block size is a select of strings)."""
+    """Entry data as the form shows it (selects of strings; the model split in two fields)."""
     values = {**ENGINE_DEFAULTS, **data}
     values[CONF_BLOCK_SIZE] = str(values[CONF_BLOCK_SIZE])
+    model = values[CONF_MODEL]
+    values[CONF_MODEL] = MODEL_BUNDLED if model == DEFAULT_MODEL else MODEL_OTHER
+    values[CONF_CUSTOM_MODEL] = "" if model == DEFAULT_MODEL else model
     return values
 
 
@@ -414,7 +441,17 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
     ) -> ConfigFlowResult:
         """Ask for the model and the engine settings."""
         if user_input is not None:
-            data = {CONF_BACKEND: BACKEND_EMBEDDED, **coerce_engine_input(user_input)}
+            try:
+                data = {CONF_BACKEND: BACKEND_EMBEDDED, **coerce_engine_input(user_input)}
+            except NoModelTypedError:
+                return self.async_show_form(
+                    step_id="embedded",
+                    data_schema=self.add_suggested_values_to_schema(
+                        engine_schema(self._data, with_model=True), user_input
+                    ),
+                    errors={CONF_CUSTOM_MODEL: "model_missing"},
+                    description_placeholders={"reason": ""},
+                )
             await self.async_set_unique_id(data[CONF_MODEL])
             self._abort_if_unique_id_configured()
             self._data = data

@@ -33,6 +33,12 @@ CONF_MAX_MODEL_LEN: Final = "max_model_len"
 CONF_IDLE_UNLOAD_MIN: Final = "idle_unload_minutes"
 DEFAULT_IDLE_UNLOAD_MIN: Final = 0
 
+# The engine form picks the model in two fields: a select (the bundled model or another
+# one) and, for another one, a text field with its folder, .gguf file or Hugging Face id.
+CONF_CUSTOM_MODEL: Final = "custom_model"
+MODEL_BUNDLED: Final = "bundled"
+MODEL_OTHER: Final = "other"
+
 DEVICES: Final = ("auto", "cpu", "cuda")
 DTYPES: Final = ("auto", "float32", "bfloat16", "float16")
 BLOCK_SIZES: Final = (8, 16, 32, 64, 128)

@@ -120,7 +120,8 @@ def test_card_shows_the_pool_moving_in_chromium(
     provisioner = _load_provisioner()
     settings = {
         **provisioner.ENTRY_SETTINGS,
-        "model": str(tiny_model_dir),
+        "model": "other",
+        "custom_model": str(tiny_model_dir),
         "device": "cpu",
         "dtype": "float32",
         "kv_budget_mib": 2,

@@ -18,6 +18,7 @@ from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
+from custom_components.paged_llm.config_flow import chosen_model, form_values
 from custom_components.paged_llm.const import DOMAIN
 from paged_llm.engine.async_engine import AsyncEngine
 from paged_llm.protocol.defaults import DEFAULT_MODEL
@@ -26,8 +27,8 @@ pytestmark = pytest.mark.usefixtures("ha_core")
 
 
 def _form(settings: dict[str, Any]) -> dict[str, Any]:
-    """Entry data as the form sends it (the block size is a select of strings)."""
-    return {**settings, "block_size": str(settings["block_size"])}
+    """Entry data as the form sends it (selects of strings, the model in two fields)."""
+    return form_values(settings)
 
 
 async def _embedded_form(hass: HomeAssistant) -> dict[str, Any]:
@@ -63,11 +64,13 @@ async def test_form_offers_the_bundled_default(hass: HomeAssistant) -> None:
     result = await _embedded_form(hass)
     schema = result["data_schema"].schema
     model_key = next(key for key in schema if key == CONF_MODEL)
-    assert model_key.default() == DEFAULT_MODEL
-    options = schema[model_key].config["options"]
-    assert options[0]["value"] == DEFAULT_MODEL
-    assert schema[model_key].config["custom_value"] is True
+    assert model_key.default() == "bundled"
+    # A fixed, translated list: a combo box would show the raw value once chosen.
+    assert schema[model_key].config["options"] == ["bundled", "other"]
+    assert schema[model_key].config["translation_key"] == CONF_MODEL
+    assert not schema[model_key].config.get("custom_value")
     assert {str(key) for key in schema} >= {
+        "custom_model",
         "device",
         "dtype",
         "kv_budget_mib",
@@ -75,6 +78,32 @@ async def test_form_offers_the_bundled_default(hass: HomeAssistant) -> None:
         "max_num_seqs",
         "max_model_len",
     }
+
+
+async def test_another_model_needs_a_typed_model(
+    hass: HomeAssistant, engine_settings: dict[str, Any]
+) -> None:
+    result = await _embedded_form(hass)
+    typed = {**_form(engine_settings), CONF_MODEL: "other", "custom_model": "  "}
+    result = await hass.config_entries.flow.async_configure(result["flow_id"], typed)
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "embedded"
+    assert result["errors"] == {"custom_model": "model_missing"}
+    # What the user entered stays on the form.
+    kv_key = next(key for key in result["data_schema"].schema if key == "kv_budget_mib")
+    assert kv_key.description == {"suggested_value": engine_settings["kv_budget_mib"]}
+
+
+def test_the_two_model_fields_name_one_model(tmp_path: Path) -> None:
+    assert chosen_model({CONF_MODEL: "bundled", "custom_model": "/leftover"}) == DEFAULT_MODEL
+    assert chosen_model({CONF_MODEL: "other", "custom_model": " Qwen/Qwen3-0.6B "}) == (
+        "Qwen/Qwen3-0.6B"
+    )
+    assert chosen_model({CONF_MODEL: "other", "custom_model": f"{tmp_path}/./"}) == str(tmp_path)
+    # And back: the form shows an entry's model in the same two fields.
+    assert form_values({CONF_MODEL: DEFAULT_MODEL})[CONF_MODEL] == "bundled"
+    values = form_values({CONF_MODEL: str(tmp_path)})
+    assert (values[CONF_MODEL], values["custom_model"]) == ("other", str(tmp_path))
 
 
 async def test_happy_path_loads_once_and_creates_entry_with_agents(

@@ -251,7 +251,8 @@ def _create_entry(hass: HomeAssistantProcess, model: str) -> dict[str, Any]:
         "POST",
         f"/api/config/config_entries/flow/{flow_id}",
         {
-            "model": model,
+            "model": "other",
+            "custom_model": model,
             "device": "cpu",
             "dtype": "float32",
             "kv_budget_mib": 8,
