@@ -52,7 +52,7 @@ from paged_llm.engine.loader import load_model
 from paged_llm.engine.model_runner import kv_bytes_per_block
 
 
-def run_llama_cpp(workload: list[Any], kv_tokens: int) -> dict[str, Any]:
+def run_llama_cpp(workload: list[Any]) -> dict[str, Any]:
     """llama.cpp's llama-server on the same GGUF file: the home mix, then 1 and 32 at once.
 
     Built from the llama-cpp-python sdist on first use (scripts/bench_llama_cpp.py); skipped with
@@ -70,8 +70,10 @@ def run_llama_cpp(workload: list[Any], kv_tokens: int) -> dict[str, Any]:
         print(f"bench: {reason}", flush=True)
         return {"skipped": reason}
     gguf = bundled_gguf_path(DEFAULT_MODEL.removeprefix("bundled:"))
-    mix = run_workload(binary, gguf, workload, kv_tokens)
-    run = SystemRun("llama.cpp llama-server (-t 2, same GGUF)", [], mix["makespan"])
+    mix = run_workload(binary, gguf, workload)
+    slot = mix["kv_tokens"] // mix["slots"]
+    name = f"llama.cpp llama-server (-t 2, same GGUF, {mix['slots']} slots of {slot} tokens)"
+    run = SystemRun(name, [], mix["makespan"])
     run.results = [RequestResult(**row) for row in mix["results"]]
     run.peak_rss = mix["peak_rss"]
     prompt = list(range(1000, 1064))  # the overhead experiment's 64-token prompt shape
@@ -229,7 +231,7 @@ def main() -> None:
             print(f"bench: transformers continuous batching failed: {err!r}", flush=True)
     llama: dict[str, Any] = {}
     if "llama.cpp" not in skip:
-        llama = timed("llama.cpp", run_llama_cpp, workload, args.kv_blocks * 16)
+        llama = timed("llama.cpp", run_llama_cpp, workload)
         if "run" in llama:
             runs.append(llama.pop("run"))
     if "sequential" not in skip:

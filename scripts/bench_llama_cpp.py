@@ -120,16 +120,30 @@ def _peak_rss(pid: int) -> int:
 
 
 class LlamaServer:
-    """A llama-server process on one GGUF file: 2 threads, unified KV, ``slots`` at once."""
+    """A llama-server process on one GGUF file: 2 threads, ``slots`` at once.
 
-    def __init__(self, binary: Path, gguf: Path, kv_tokens: int, slots: int, threads: int = 2):
+    ``unified``: the slots share one KV cache of ``kv_tokens`` (a request that finds it full
+    fails with "Context size has been exceeded"; llama.cpp neither waits nor preempts);
+    otherwise each slot owns ``kv_tokens / slots`` and requests beyond the slots queue.
+    """
+
+    def __init__(
+        self,
+        binary: Path,
+        gguf: Path,
+        kv_tokens: int,
+        slots: int,
+        threads: int = 2,
+        unified: bool = True,
+    ) -> None:
         """Remember how to start it; :meth:`__enter__` starts it and waits until it serves."""
         self.port = _free_port()
         self.command = [
             str(binary), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
-            "-c", str(kv_tokens), "-np", str(slots), "--kv-unified", "-cb",
+            "-c", str(kv_tokens), "-np", str(slots), "-cb",
             "--host", "127.0.0.1", "--port", str(self.port), "--no-webui",
         ]  # fmt: skip
+        self.command.append("--kv-unified" if unified else "--no-kv-unified")
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> LlamaServer:
@@ -201,13 +215,17 @@ async def stream_completion(
     return (first or end) - started, end - started, tokens
 
 
-def run_workload(
-    binary: Path, gguf: Path, workload: list[Any], kv_tokens: int, slots: int = 32
-) -> dict[str, Any]:
+def run_workload(binary: Path, gguf: Path, workload: list[Any], slots: int = 4) -> dict[str, Any]:
     """Drive the home workload (HomeRequest-like items) at its arrival times through the server.
 
+    llama.cpp is set up the way Ollama runs it: a few slots (OLLAMA_NUM_PARALLEL), each with
+    its own context long enough for the longest request, and the rest queued. A shared
+    (unified) cache the size of this engine's pool would fail requests instead: llama.cpp
+    cannot wait for or preempt a sequence when the shared cache is full.
+
     Returns per-request rows (request_id, priority, arrival, ttft, e2e, queue, tokens), the
-    makespan and the server's peak memory; the benchmark turns them into its SystemRun.
+    makespan, the server's peak memory and its KV tokens; the benchmark turns them into its
+    SystemRun.
     """
     import aiohttp
 
@@ -234,9 +252,17 @@ def run_workload(
             rows = list(await asyncio.gather(*(one(r) for r in workload)))
             return rows, time.monotonic() - start - workload[0].arrival
 
-    with LlamaServer(binary, gguf, kv_tokens, slots) as server:
+    longest = max(len(req.prompt_ids) + req.max_tokens for req in workload)
+    kv_tokens = slots * 256 * -(-longest // 256)
+    with LlamaServer(binary, gguf, kv_tokens, slots, unified=False) as server:
         rows, makespan = asyncio.run(main(server))
-        return {"results": rows, "makespan": makespan, "peak_rss": server.peak_rss}
+        return {
+            "results": rows,
+            "makespan": makespan,
+            "peak_rss": server.peak_rss,
+            "kv_tokens": kv_tokens,
+            "slots": slots,
+        }
 
 
 def decode_rate(binary: Path, gguf: Path, prompt_ids: list[int], batch: int, tokens: int) -> float:
