@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from transformers import AttentionInterface
 
-from paged_llm.kernels import paged_attention, store_kv
+from paged_llm.kernels import paged_attention, resolve_backend, store_kv
 
 from .loader import LoadedModel
 from .penalties import apply_penalties
@@ -35,6 +35,8 @@ class AttentionMetadata:
     max_query_len: int
     max_context_len: int
     backend: str | None
+    # The torch attention's per-step plans, worked out by the first layer (see kernels).
+    plans: dict[object, object] = field(default_factory=dict)
 
 
 def paged_attention_forward(
@@ -57,7 +59,9 @@ def paged_attention_forward(
     q = query[0].transpose(0, 1)
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
-    store_kv(k, v, key_cache, value_cache, meta.slot_mapping, backend=meta.backend)
+    store_kv(
+        k, v, key_cache, value_cache, meta.slot_mapping, backend=meta.backend, plan_cache=meta.plans
+    )
     scale = float(scaling) if scaling is not None else q.shape[-1] ** -0.5
     # transformers passes a layer's window (None on full-attention layers, from
     # config.layer_types) and Gemma 2's attn_logit_softcapping as these kwargs.
@@ -76,6 +80,7 @@ def paged_attention_forward(
         backend=meta.backend,
         sliding_window=int(window) if window is not None else None,
         softcap=float(softcap) if softcap is not None else None,
+        plan_cache=meta.plans,
     )
     return out.unsqueeze(0), None
 
@@ -167,7 +172,8 @@ class ModelRunner:
             query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
             max_query_len=int(lens.max()),
             max_context_len=int(ends.max()),
-            backend=self.backend,
+            # Resolved once here rather than in each of the layers' two kernel calls.
+            backend=resolve_backend(dev, self.backend),
         )
         if not sample_rows:
             keep = torch.tensor([int(cu[1]) - 1], device=dev)

@@ -95,14 +95,19 @@ def store_kv(
     slot_mapping: torch.Tensor,
     *,
     backend: str | None = None,
+    plan_cache: reference.PlanCache | None = None,
 ) -> None:
-    """Write each new token's K/V [num_tokens, kv_heads, dim] into its slot; -1 slots skip."""
+    """Write each new token's K/V [num_tokens, kv_heads, dim] into its slot; -1 slots skip.
+
+    ``plan_cache``: a dict the layers of one step share, so the torch path works out the
+    slots once per step (Triton reads them on the device and ignores it).
+    """
     check_store_args(key, value, key_cache, value_cache, slot_mapping)
     if resolve_backend(key_cache.device, backend) == "triton":
         triton_store, _ = _triton_modules(key_cache.device)
         triton_store.store_kv(key, value, key_cache, value_cache, slot_mapping)
     else:
-        reference.store_kv(key, value, key_cache, value_cache, slot_mapping)
+        reference.store_kv(key, value, key_cache, value_cache, slot_mapping, plan_cache=plan_cache)
 
 
 def paged_attention(
@@ -120,11 +125,13 @@ def paged_attention(
     backend: str | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    plan_cache: reference.PlanCache | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of a packed step's queries over their sequences' paged K/V.
 
     ``sliding_window`` (a layer's window, as transformers passes it) limits each query to
     keys less than that many positions back; ``softcap`` caps scaled scores through tanh.
+    ``plan_cache``: shared by one step's layers; the torch path plans its decode once.
     """
     check_attention_args(
         query, key_cache, value_cache, block_tables, context_lens, query_start_loc, out
@@ -133,9 +140,21 @@ def paged_attention(
     if resolve_backend(query.device, backend) == "triton":
         _, triton_attention = _triton_modules(query.device)
         run: AttentionFn = triton_attention.paged_attention
-    else:
-        run = reference.paged_attention
-    return run(
+        return run(
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            context_lens,
+            query_start_loc,
+            scale,
+            max_query_len=max_query_len,
+            max_context_len=max_context_len,
+            out=out,
+            sliding_window=sliding_window,
+            softcap=softcap,
+        )
+    return reference.paged_attention(
         query,
         key_cache,
         value_cache,
@@ -148,6 +167,7 @@ def paged_attention(
         out=out,
         sliding_window=sliding_window,
         softcap=softcap,
+        plan_cache=plan_cache,
     )
 
 

@@ -22,22 +22,46 @@ import torch.nn.functional as F
 DECODE_CHUNK_BYTES = 2 << 20
 
 
+# What one step's layers share (the same block tables and lengths in every layer), worked
+# out by the first layer and reused by the others: a dict the caller makes for each step.
+PlanCache = dict[object, object]
+
+
 def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    plan_cache: PlanCache | None = None,
 ) -> None:
     """Write each token's K/V into its pool slot; a slot of -1 is skipped."""
-    block_size = key_cache.shape[1]
-    slots = slot_mapping.long()
-    keep = slots >= 0
-    if not bool(keep.all()):
-        key, value, slots = key[keep], value[keep], slots[keep]
-    blocks, offsets = slots // block_size, slots % block_size
+    plan_key = ("store", key_cache.shape[1])
+    plan = plan_cache.get(plan_key) if plan_cache is not None else None
+    if plan is None:
+        plan = _store_plan(slot_mapping, key_cache.shape[1])
+        if plan_cache is not None:
+            plan_cache[plan_key] = plan
+    keep, blocks, offsets = plan  # type: ignore[misc]
+    if keep is not None:
+        key, value = key[keep], value[keep]
     key_cache[blocks, offsets] = key.to(key_cache.dtype)
     value_cache[blocks, offsets] = value.to(value_cache.dtype)
+
+
+def _store_plan(
+    slot_mapping: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(rows to keep or None for all, block, offset) of each token's slot."""
+    slots = slot_mapping.long()
+    keep: torch.Tensor | None = slots >= 0
+    assert keep is not None
+    if bool(keep.all()):
+        keep = None
+    else:
+        slots = slots[keep]
+    return keep, slots // block_size, slots % block_size
 
 
 def paged_attention(
@@ -54,30 +78,69 @@ def paged_attention(
     out: torch.Tensor | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    plan_cache: PlanCache | None = None,
 ) -> torch.Tensor:
     """Attend each packed query over its own sequence's paged K/V, causally, with GQA.
 
     ``sliding_window`` limits each query to the last that many positions (itself included);
-    ``softcap`` caps the scaled scores at +-softcap through tanh.
+    ``softcap`` caps the scaled scores at +-softcap through tanh. ``plan_cache``: a dict
+    shared by the layers of one step, so the decode plan is worked out once per step.
     """
     del max_query_len, max_context_len  # exact per-sequence lengths are read on the host
     if out is None:
         out = torch.empty_like(query)
-    starts = query_start_loc.tolist()
-    ctx_lens = context_lens.tolist()
+    layout = plan_cache.get("layout") if plan_cache is not None else None
+    if layout is None:
+        layout = _Layout.of(query_start_loc, context_lens)
+        if plan_cache is not None:
+            plan_cache["layout"] = layout
+    assert isinstance(layout, _Layout)
     shape = _Shape(scale, sliding_window, softcap)
-    decodes: list[int] = []
-    for seq, (start, end) in enumerate(itertools.pairwise(starts)):
-        if end - start == 1:
-            decodes.append(seq)
-        elif end > start:
-            chunk = slice(start, end)
-            _prefill(
-                query, key_cache, value_cache, block_tables, seq, chunk, ctx_lens[seq], shape, out
-            )
-    if decodes:
-        _decode(query, key_cache, value_cache, block_tables, decodes, starts, ctx_lens, shape, out)
+    for seq, chunk in layout.prefills:
+        _prefill(
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            seq,
+            chunk,
+            layout.ctx_lens[seq],
+            shape,
+            out,
+        )
+    if layout.decodes:
+        plan_key = ("decode", sliding_window, *key_cache.shape[1:], key_cache.element_size())
+        plan = plan_cache.get(plan_key) if plan_cache is not None else None
+        if plan is None:
+            plan = _decode_plan(key_cache, block_tables, layout, shape)
+            if plan_cache is not None:
+                plan_cache[plan_key] = plan
+        assert isinstance(plan, list)
+        _decode(query, key_cache, value_cache, plan, shape, out)
     return out
+
+
+@dataclass(slots=True, frozen=True)
+class _Layout:
+    """Where each sequence's queries are in the packed step, and its context length."""
+
+    starts: list[int]
+    ctx_lens: list[int]
+    prefills: list[tuple[int, slice]]
+    decodes: list[int]
+
+    @staticmethod
+    def of(query_start_loc: torch.Tensor, context_lens: torch.Tensor) -> _Layout:
+        """Read the step's layout from the host (one copy for all layers)."""
+        starts = query_start_loc.tolist()
+        prefills: list[tuple[int, slice]] = []
+        decodes: list[int] = []
+        for seq, (start, end) in enumerate(itertools.pairwise(starts)):
+            if end - start == 1:
+                decodes.append(seq)
+            elif end > start:
+                prefills.append((seq, slice(start, end)))
+        return _Layout(starts, context_lens.tolist(), prefills, decodes)
 
 
 @dataclass(slots=True, frozen=True)
@@ -158,26 +221,30 @@ def _prefill(
     out[chunk] = result[0].transpose(0, 1)
 
 
-def _decode(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seqs: list[int],
-    starts: list[int],
-    ctx_lens: list[int],
-    shape: _Shape,
-    out: torch.Tensor,
-) -> None:
-    """Batched single-query attention: chunks of similar-length sequences, one call each."""
+@dataclass(slots=True, frozen=True)
+class _DecodeChunk:
+    """Sequences of similar context length attended in one call: which blocks, which keys."""
+
+    # Query rows of the chunk's sequences; None when they are rows 0..n-1 in order.
+    rows: torch.Tensor | None
+    size: int
+    block_ids: torch.Tensor
+    valid: torch.Tensor
+
+
+def _decode_plan(
+    key_cache: torch.Tensor, block_tables: torch.Tensor, layout: _Layout, shape: _Shape
+) -> list[_DecodeChunk]:
+    """Group the decoding sequences into chunks whose gathered K/V stay about cache-sized."""
     _, block_size, num_kv_heads, head_dim = key_cache.shape
-    num_heads = query.shape[1]
     bytes_per_token = num_kv_heads * head_dim * key_cache.element_size()
-    dev = query.device
+    dev = key_cache.device
+    starts, ctx_lens, seqs = layout.starts, layout.ctx_lens, layout.decodes
     # Each sequence reads from the block holding its first visible key to its last block.
     first = {seq: shape.first_visible(ctx_lens[seq] - 1) // block_size for seq in seqs}
     spans = {seq: -(-ctx_lens[seq] // block_size) - first[seq] for seq in seqs}
     order = sorted(seqs, key=spans.__getitem__)
+    plan: list[_DecodeChunk] = []
     begin = 0
     while begin < len(order):
         # Sorted ascending, so the chunk's last sequence sets its padded length.
@@ -192,7 +259,9 @@ def _decode(
         begin = stop
         num_blocks = spans[chunk[-1]]
         chunk_index = torch.tensor(chunk, device=dev)
-        rows = torch.tensor([starts[seq] for seq in chunk], device=dev)
+        row_list = [starts[seq] for seq in chunk]
+        in_order = row_list == list(range(len(chunk)))
+        rows = None if in_order else torch.tensor(row_list, device=dev)
         lens = torch.tensor([ctx_lens[seq] for seq in chunk], device=dev)[:, None]
         firsts = torch.tensor([first[seq] for seq in chunk], device=dev)[:, None]
         counts = torch.tensor([spans[seq] for seq in chunk], device=dev)[:, None]
@@ -200,13 +269,34 @@ def _decode(
         # Padding past a sequence's own blocks rereads its first block (masked out below).
         columns = firsts + torch.where(steps < counts, steps, 0)
         block_ids = block_tables.index_select(0, chunk_index).gather(1, columns)
-        keys = _gather(key_cache, block_ids, len(chunk))
-        values = _gather(value_cache, block_ids, len(chunk))
         positions = firsts * block_size + torch.arange(num_blocks * block_size, device=dev)
         valid = positions < lens
         if shape.window is not None:
             valid &= positions >= lens - shape.window
+        plan.append(_DecodeChunk(rows, len(chunk), block_ids, valid[:, None, None, :]))
+    return plan
+
+
+def _decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    plan: list[_DecodeChunk],
+    shape: _Shape,
+    out: torch.Tensor,
+) -> None:
+    """Batched single-query attention: one call per chunk of the step's decode plan."""
+    num_kv_heads, head_dim = key_cache.shape[2:]
+    num_heads = query.shape[1]
+    for chunk in plan:
+        keys = _gather(key_cache, chunk.block_ids, chunk.size)
+        values = _gather(value_cache, chunk.block_ids, chunk.size)
         # A kv head's query heads become the query rows, so K/V are never repeated.
-        q = query.index_select(0, rows).view(len(chunk), num_kv_heads, -1, head_dim)
-        result = _attend(q, keys, values, valid[:, None, None, :], shape)
-        out.index_copy_(0, rows, result.reshape(len(chunk), num_heads, head_dim))
+        rows = query[: chunk.size] if chunk.rows is None else query.index_select(0, chunk.rows)
+        q = rows.reshape(chunk.size, num_kv_heads, -1, head_dim)
+        result = _attend(q, keys, values, chunk.valid, shape)
+        result = result.reshape(chunk.size, num_heads, head_dim)
+        if chunk.rows is None:
+            out[: chunk.size] = result
+        else:
+            out.index_copy_(0, chunk.rows, result)

@@ -84,6 +84,31 @@ def test_reference_decode_chunks_skip_outside_blocks(
     assert rel_err(out, oracle(step, window, 20.0)) < TOLERANCE[torch.float32]
 
 
+def test_a_plan_shared_by_the_layers_of_a_step_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Several decode chunks, prefills and decodes in one step, as a model's layers see it:
+    # the same tables and lengths, layers with and without a window or a cap.
+    monkeypatch.setattr(reference, "DECODE_CHUNK_BYTES", 4096)
+    config = AttentionConfig(torch.float32, 64, 16, 2, 2)
+    step = config.step([*_seqs(16), (1, 1), (40, 1), (17, 1)], seed=6)
+    plans: reference.PlanCache = {}
+    for window, softcap in [(None, None), (5, None), (None, 30.0), (5, None), (None, None)]:
+        shared = reference.paged_attention(
+            *step.args(), **step.kwargs(), sliding_window=window, softcap=softcap, plan_cache=plans
+        )
+        alone = reference.paged_attention(
+            *step.args(), **step.kwargs(), sliding_window=window, softcap=softcap
+        )
+        assert torch.equal(shared, alone)
+    # One layout, one decode plan per window: worked out once, not once per layer.
+    assert sorted(str(key) for key in plans) == [
+        "('decode', 5, 16, 2, 64, 4)",
+        "('decode', None, 16, 2, 64, 4)",
+        "layout",
+    ]
+
+
 def test_a_window_past_the_context_changes_nothing() -> None:
     config = AttentionConfig(torch.float32, 64, 16, 2, 2)
     step = config.step(_seqs(16), seed=5)
