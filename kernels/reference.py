@@ -40,28 +40,33 @@ def store_kv(
     plan_key = ("store", key_cache.shape[1])
     plan = plan_cache.get(plan_key) if plan_cache is not None else None
     if plan is None:
-        plan = _store_plan(slot_mapping, key_cache.shape[1])
+        plan = _StorePlan.of(slot_mapping, key_cache.shape[1])
         if plan_cache is not None:
             plan_cache[plan_key] = plan
-    keep, blocks, offsets = plan  # type: ignore[misc]
-    if keep is not None:
-        key, value = key[keep], value[keep]
-    key_cache[blocks, offsets] = key.to(key_cache.dtype)
-    value_cache[blocks, offsets] = value.to(value_cache.dtype)
+    assert isinstance(plan, _StorePlan)
+    if plan.keep is not None:
+        key, value = key[plan.keep], value[plan.keep]
+    key_cache[plan.blocks, plan.offsets] = key.to(key_cache.dtype)
+    value_cache[plan.blocks, plan.offsets] = value.to(value_cache.dtype)
 
 
-def _store_plan(
-    slot_mapping: torch.Tensor, block_size: int
-) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """(rows to keep or None for all, block, offset) of each token's slot."""
-    slots = slot_mapping.long()
-    keep: torch.Tensor | None = slots >= 0
-    assert keep is not None
-    if bool(keep.all()):
-        keep = None
-    else:
+@dataclass(slots=True, frozen=True)
+class _StorePlan:
+    """Where the step's tokens go: rows to keep (None: all), and each one's block and offset."""
+
+    keep: torch.Tensor | None
+    blocks: torch.Tensor
+    offsets: torch.Tensor
+
+    @staticmethod
+    def of(slot_mapping: torch.Tensor, block_size: int) -> _StorePlan:
+        """Split the slots once; a slot of -1 (padding) is dropped."""
+        slots = slot_mapping.long()
+        keep = slots >= 0
+        if bool(keep.all()):
+            return _StorePlan(None, slots // block_size, slots % block_size)
         slots = slots[keep]
-    return keep, slots // block_size, slots % block_size
+        return _StorePlan(keep, slots // block_size, slots % block_size)
 
 
 def paged_attention(
