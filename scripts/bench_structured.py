@@ -30,6 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from custom_components.paged_llm.ai_task import parse_structured_output  # noqa: E402
+from custom_components.paged_llm.const import (  # noqa: E402
+    DEFAULT_MAX_TOKENS,
+    STRUCTURE_FREQUENCY_PENALTY,
+)
 from custom_components.paged_llm.prompt import (  # noqa: E402
     TOOL_PROMPT,
     format_tool,
@@ -228,6 +232,8 @@ def task_experiment(engine: LLMEngine, max_tokens: int) -> dict[str, Any]:
                     temperature=0,
                     max_tokens=max_tokens,
                     json_schema=schema if mode == "constrained" else None,
+                    # As the AI task asks, with or without the grammar.
+                    frequency_penalty=STRUCTURE_FREQUENCY_PENALTY,
                 ),
             )
             for ids, schema in zip(prompts, schemas, strict=True)
@@ -370,7 +376,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-tokens", type=int, default=96)
+    # The AI task agent's default answer length.
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     parser.add_argument("--mask-batch", type=int, default=32)
     parser.add_argument("--mask-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path)

@@ -23,6 +23,7 @@ from .const import (
     DEFAULT_TEMPERATURE,
     DOMAIN,
     MAX_TOOL_ITERATIONS,
+    STRUCTURE_FREQUENCY_PENALTY,
 )
 from .prompt import (
     build_messages,
@@ -122,6 +123,7 @@ class PagedLLMBaseLLMEntity(Entity):
         if structure:
             schema = structure_schema(structure, serializer)
             json_instruction = json_schema_instruction(schema)
+            sampling.frequency_penalty = STRUCTURE_FREQUENCY_PENALTY
             if not tools:
                 sampling.response_format = {
                     "type": "json_schema",

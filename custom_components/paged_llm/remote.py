@@ -161,6 +161,9 @@ class RemoteBackend:
             priority=to_vllm(priority),
             tools=tools,
             response_format=sampling.response_format,
+            repetition_penalty=sampling.repetition_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            presence_penalty=sampling.presence_penalty,
         )
         start = time.monotonic()
         first = True

@@ -17,7 +17,7 @@ from homeassistant.helpers import selector
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm.ai_task import parse_structured_output
-from custom_components.paged_llm.const import DOMAIN
+from custom_components.paged_llm.const import DOMAIN, STRUCTURE_FREQUENCY_PENALTY
 from paged_llm.engine.llm_engine import RequestOutput
 
 STRUCTURE = probatio.Schema(
@@ -96,6 +96,9 @@ async def test_structure_that_the_model_does_not_follow_fails_clearly(
     # Decoding was held to the structure's JSON schema, converted by Home Assistant's converter.
     schema = json.loads(params[0].json_schema)
     assert schema["required"] == ["name", "count"]
+    # A loop inside the JSON is held back by penalising the answer's own repeated tokens.
+    assert params[0].frequency_penalty == STRUCTURE_FREQUENCY_PENALTY > 0
+    assert params[0].repetition_penalty == 1.0
     assert schema["properties"]["count"]["minimum"] == 0
     # The request asked for JSON of this structure.
     last_user = prompts[0][-1]["content"]

@@ -7,6 +7,7 @@ import sys
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 import pytest_socket
@@ -21,6 +22,7 @@ from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
 from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
+from custom_components.paged_llm.const import DEFAULT_SUMMARY_REPETITION_PENALTY
 from custom_components.paged_llm.diagnostics import async_get_config_entry_diagnostics
 from custom_components.paged_llm.placement import engine_requirements
 
@@ -246,16 +248,29 @@ async def test_conversation_task_actions_and_sensors_through_the_server(
     assert response["prompt_tokens"] > 3
     assert response["text"]
 
-    summary = await hass.services.async_call(
-        DOMAIN,
-        "summarize",
-        {"text": "The heating ran all night. " * 20, "max_tokens": 6},
-        blocking=True,
-        return_response=True,
-    )
+    client = entry.runtime_data.backend.client
+    bodies: list[dict[str, Any]] = []
+    real_stream = client.stream_chat
+
+    def recorded(body: dict[str, Any]) -> Any:
+        bodies.append(dict(body))
+        return real_stream(body)
+
+    with patch.object(client, "stream_chat", recorded):
+        summary = await hass.services.async_call(
+            DOMAIN,
+            "summarize",
+            {"text": "The heating ran all night. " * 20, "max_tokens": 6},
+            blocking=True,
+            return_response=True,
+        )
     assert summary is not None
     assert summary["chunks"] == 1
     assert summary["requests"] == 1
+    # The summary's repetition penalty reaches the server, as vLLM names it.
+    assert [body.get("repetition_penalty") for body in bodies] == [
+        DEFAULT_SUMMARY_REPETITION_PENALTY
+    ]
 
     # The server refuses what the engine refuses, and the error says so.
     with pytest.raises(ServiceValidationError) as err:
