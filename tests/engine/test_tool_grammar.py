@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pytest
 import xgrammar as xgr
 
@@ -93,3 +96,23 @@ def test_the_grammar_admits_text_then_only_offered_calls() -> None:
     assert not admits('<tool_call>\n{"name": "HassTurnOn", "arguments": {"other"')
     with pytest.raises(RequestRejected, match=r"^structural_tag cannot be enforced"):
         engine.add_request([5, 6], SamplingParams(structural_tag={"format": {"type": "x"}}))
+
+
+def test_mistral_special_token_opens_a_call() -> None:
+    # Mistral's tokenizers have [TOOL_CALLS] as one special token; the model emits that
+    # token, not the text spelt out, so the grammar must take the token as the trigger.
+    tokenizer = copy.deepcopy(make_engine(vocab_size=49152).loaded.tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    token = tokenizer.convert_tokens_to_ids("[TOOL_CALLS]")
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
+    tag = tool_call_structural_tag(TOOLS, ToolCallFormat.MISTRAL)
+    compiled = xgr.GrammarCompiler(info).compile_structural_tag(json.dumps(tag))
+
+    matcher = xgr.GrammarMatcher(compiled)
+    assert matcher.accept_string("Turning it on. ")
+    assert matcher.accept_token(token)
+    assert matcher.accept_string('[{"name": "HassTurnOn", "arguments": {"name": "lamp"}}]')
+    # After the token, only an offered tool's call may follow.
+    refused = xgr.GrammarMatcher(compiled)
+    assert refused.accept_token(token)
+    assert not refused.accept_string('[{"name": "Unknown"')
