@@ -6,13 +6,9 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-from paged_llm.protocol.defaults import DEFAULT_MODEL
+from paged_llm.protocol.defaults import DEFAULT_MODEL, WEIGHT_CHOICES
 
 __all__ = ["DEFAULT_MODEL", "WEIGHT_CHOICES", "EngineConfig", "KVLayout", "SchedulerConfig"]
-
-# How linear weights are held (engine/quant.py): auto keeps a GGUF file's 4-bit layers
-# 4-bit where the CPU kernel is fast (bf16), float dequantizes, q4/q8 quantize at load.
-WEIGHT_CHOICES = ("auto", "float", "q4", "q8")
 
 
 class KVLayout(enum.StrEnum):
@@ -37,7 +33,9 @@ class SchedulerConfig:
 
     ``interactive_kv_reserve`` is the share of the KV pool that only interactive requests
     may use, so a voice query finds room however much background work holds.
-    ``interactive_step_seconds`` is the step time budget of the latency policy.
+    ``interactive_step_seconds`` is the step time budget of the latency policy; it holds
+    for ``interactive_hold_seconds`` after the last interactive request too, because a
+    voice query that arrives during a full-budget step waits for that step to end.
     """
 
     max_num_seqs: int = 32
@@ -48,6 +46,7 @@ class SchedulerConfig:
     interactive_kv_reserve: float = 0.1
     step_policy: StepPolicy = StepPolicy.LATENCY
     interactive_step_seconds: float = 0.1
+    interactive_hold_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         """Reject limits that could never schedule anything."""
@@ -70,6 +69,10 @@ def _check_settings(config: SchedulerConfig | EngineConfig) -> None:
         raise ValueError(
             f"interactive_step_seconds must be > 0, got {config.interactive_step_seconds}"
         )
+    if not config.interactive_hold_seconds >= 0:
+        raise ValueError(
+            f"interactive_hold_seconds must be >= 0, got {config.interactive_hold_seconds}"
+        )
     try:
         config.step_policy = StepPolicy(config.step_policy)
     except ValueError:
@@ -84,8 +87,9 @@ class EngineConfig:
     """Everything needed to start an engine.
 
     ``kv_budget`` is the KV pool size: bytes when above 1, else a fraction of the memory
-    free after the weights are loaded. ``interactive_kv_reserve``, ``step_policy`` and
-    ``interactive_step_seconds`` are the scheduler's (see :class:`SchedulerConfig`).
+    free after the weights are loaded. ``interactive_kv_reserve``, ``step_policy``,
+    ``interactive_step_seconds`` and ``interactive_hold_seconds`` are the scheduler's (see
+    :class:`SchedulerConfig`).
     """
 
     model: str = DEFAULT_MODEL
@@ -105,6 +109,7 @@ class EngineConfig:
     interactive_kv_reserve: float = 0.1
     step_policy: StepPolicy = StepPolicy.LATENCY
     interactive_step_seconds: float = 0.1
+    interactive_hold_seconds: float = 2.0
     weights: str = "auto"
 
     def __post_init__(self) -> None:
@@ -146,4 +151,5 @@ class EngineConfig:
             interactive_kv_reserve=self.interactive_kv_reserve,
             step_policy=self.step_policy,
             interactive_step_seconds=self.interactive_step_seconds,
+            interactive_hold_seconds=self.interactive_hold_seconds,
         )

@@ -74,12 +74,13 @@ class Scheduler:
     (recompute): the running sequence of the lowest base class, most recently started.
     A waiting sequence may only preempt a sequence of a strictly lower base class; a
     running one may also preempt its equals or itself. Time: under the latency policy,
-    while interactive work runs or waits, other classes' prefill chunks are cut to fit
-    ``interactive_step_seconds`` as predicted by a :class:`StepCostModel` learned from the
-    time between ``schedule`` and ``update`` of earlier steps (the first such chunk still
-    gets one block, so other work never starves). Admission looks the prefix up once
-    (``get_computed_blocks``), then ``allocate_slots`` takes it or fails; the first
-    waiting sequence that cannot start ends admissions for the step (no overtaking).
+    while interactive work runs or waits (and ``interactive_hold_seconds`` after), other
+    classes' prefill chunks are cut to fit ``interactive_step_seconds`` as predicted by a
+    :class:`StepCostModel` learned from the time between ``schedule`` and ``update`` of
+    earlier steps (the first such chunk still gets one block, so other work never
+    starves). Admission looks the prefix up once (``get_computed_blocks``), then
+    ``allocate_slots`` takes it or fails; the first waiting sequence that cannot start
+    ends admissions for the step (no overtaking).
     """
 
     def __init__(
@@ -101,6 +102,8 @@ class Scheduler:
         # Free blocks that automation and background work must leave to interactive work.
         self._reserve = math.ceil(config.interactive_kv_reserve * kv_manager.num_blocks)
         self.cost_model = StepCostModel()
+        # When interactive work last ran or waited (the latency policy's hold).
+        self._last_interactive = -math.inf
         # The shape and start time of the step between schedule() and update().
         self._measuring: tuple[StepShape, float] | None = None
         self.num_preemptions = 0
@@ -203,7 +206,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Build the next batch: decodes, then prefill chunks in queue order."""
-        step = _Step(self._clock(), self.config.max_num_batched_tokens, self._step_seconds())
+        now = self._clock()
+        step = _Step(now, self.config.max_num_batched_tokens, self._step_seconds(now))
         prefilling: list[Sequence] = []
         for seq in list(self._running):
             if seq.status is not RUNNING:
@@ -222,15 +226,22 @@ class Scheduler:
             chunks, step.preempted, self.config.max_num_batched_tokens - step.budget
         )
 
-    def _step_seconds(self) -> float | None:
-        """The time budget for other classes' prefill, or None when the token budget rules."""
+    def _step_seconds(self, now: float) -> float | None:
+        """The time budget for other classes' prefill, or None when the token budget rules.
+
+        It holds while interactive work runs or waits and for ``interactive_hold_seconds``
+        after: the next voice query of a conversation then never lands in a long step.
+        """
         cfg = self.config
         if cfg.step_policy is not StepPolicy.LATENCY or not self.cost_model.ready:
             return None
-        interactive = self._waiting.count(Priority.INTERACTIVE) or any(
+        if self._waiting.count(Priority.INTERACTIVE) or any(
             s.priority is Priority.INTERACTIVE for s in self._running
-        )
-        return cfg.interactive_step_seconds if interactive else None
+        ):
+            self._last_interactive = now
+        if now - self._last_interactive > cfg.interactive_hold_seconds:
+            return None
+        return cfg.interactive_step_seconds
 
     def _schedule_prefills(self, prefilling: list[Sequence], step: _Step) -> None:
         """Give the rest of the budget to running prefills and waiting sequences, in order."""

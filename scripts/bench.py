@@ -104,6 +104,12 @@ def main() -> None:
         "--step-seconds", type=float, default=0.1, help="the latency policy's step budget"
     )
     parser.add_argument(
+        "--hold-seconds",
+        type=float,
+        default=EngineConfig.interactive_hold_seconds,
+        help="how long the latency policy's budget holds after the last interactive request",
+    )
+    parser.add_argument(
         "--summary-words", type=int, default=0, help="summary experiment document (0: 1.5x pool)"
     )
     parser.add_argument("--max-model-len", type=int, default=3584)
@@ -246,6 +252,7 @@ def main() -> None:
         "kv_blocks": args.kv_blocks,
         "policy": args.policy,
         "step_seconds": args.step_seconds,
+        "hold_seconds": args.hold_seconds,
         "kv_mib": args.kv_bytes / 2**20,
         "workload": described,
         "machine": f"{cpu_name()}, {os.cpu_count()} cores ({platform.machine()})",

@@ -82,7 +82,8 @@ def make(policy: str) -> tuple[Scheduler, StepTimer]:
         interactive_step_seconds=0.05,
     )
     timer = StepTimer()
-    return Scheduler(config, KVCacheManager(1024, 16), clock=lambda: 0.0, timer=timer), timer
+    # Steps "take" their cost on one clock: the scheduler's time moves with them.
+    return Scheduler(config, KVCacheManager(1024, 16), clock=timer, timer=timer), timer
 
 
 def run_step(sched: Scheduler, timer: StepTimer) -> tuple[list[tuple[str, int]], float]:
@@ -124,5 +125,11 @@ def test_background_prefill_fits_the_time_budget_only_while_voice_runs(policy: s
         # steps), and the summary still moved on in each.
         assert max(costs[3:]) <= 0.05 * 1.02
         assert all(0 < n < 512 for n in doc_chunks)
-        chunks, _ = run_step(sched, timer)  # voice done: the full token budget again
+        # Voice done: the budget holds a while for the conversation's next question ...
+        chunks, cost = run_step(sched, timer)
+        assert chunks[0][1] < 512
+        assert cost <= 0.05 * 1.02
+        # ... then the step takes the full token budget again.
+        timer.now += sched.config.interactive_hold_seconds
+        chunks, _ = run_step(sched, timer)
         assert chunks == [("doc", 512)]
