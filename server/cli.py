@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from paged_llm.protocol.defaults import DEFAULT_MODEL
+from paged_llm.protocol.defaults import DEFAULT_MODEL, WEIGHT_CHOICES
 from paged_llm.protocol.priority import PRIORITY_NAMES
 from paged_llm.protocol.requirements import EngineExtraMissing, require_engine_extra
 
@@ -51,6 +51,13 @@ def _engine_arguments(parser: argparse.ArgumentParser, positional_model: bool = 
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
     )
     group.add_argument(
+        "--weights",
+        default="auto",
+        choices=WEIGHT_CHOICES,
+        help="linear weights: auto (dense for now), float, q4 or q8 (faster on CPUs with "
+        "bfloat16; answers may differ slightly)",
+    )
+    group.add_argument(
         "--kv-budget",
         type=parse_size,
         default=256 * 2**20,
@@ -81,6 +88,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=args.model_option or getattr(args, "model", DEFAULT_MODEL),
         device=args.device,
         dtype=args.dtype,
+        weights=args.weights,
         block_size=args.block_size,
         kv_budget=args.kv_budget,
         max_num_seqs=args.max_num_seqs,

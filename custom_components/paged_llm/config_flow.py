@@ -69,6 +69,7 @@ from .const import (
     CONF_MAX_NUM_SEQS,
     CONF_MAX_TOKENS,
     CONF_TEMPERATURE,
+    CONF_WEIGHTS,
     DEFAULT_AI_TASK_NAME,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CONVERSATION_NAME,
@@ -83,6 +84,7 @@ from .const import (
     DEFAULT_SERVER_URL,
     DEFAULT_TEMPERATURE,
     DEFAULT_TIMEOUT_S,
+    DEFAULT_WEIGHTS,
     DEVICES,
     DOMAIN,
     DTYPES,
@@ -93,6 +95,7 @@ from .const import (
     MODEL_OTHER,
     SUBENTRY_AI_TASK,
     SUBENTRY_CONVERSATION,
+    WEIGHTS,
 )
 from .embedded import (
     EmbeddedBackend,
@@ -125,6 +128,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     CONF_MODEL: DEFAULT_MODEL,
     CONF_DEVICE: DEFAULT_DEVICE,
     CONF_DTYPE: DEFAULT_DTYPE,
+    CONF_WEIGHTS: DEFAULT_WEIGHTS,
     CONF_KV_BUDGET_MIB: DEFAULT_KV_BUDGET_MIB,
     CONF_BLOCK_SIZE: str(DEFAULT_BLOCK_SIZE),
     CONF_MAX_NUM_SEQS: DEFAULT_MAX_NUM_SEQS,
@@ -165,6 +169,13 @@ def engine_schema(defaults: Mapping[str, Any], with_model: bool) -> probatio.Sch
                 SelectSelectorConfig(
                     options=list(DTYPES),
                     translation_key=CONF_DTYPE,
+                    mode=SelectSelectorMode.DROPDOWN,
+                )
+            ),
+            probatio.Required(CONF_WEIGHTS, default=values[CONF_WEIGHTS]): SelectSelector(
+                SelectSelectorConfig(
+                    options=list(WEIGHTS),
+                    translation_key=CONF_WEIGHTS,
                     mode=SelectSelectorMode.DROPDOWN,
                 )
             ),
@@ -214,6 +225,7 @@ def coerce_engine_input(user_input: Mapping[str, Any]) -> dict[str, Any]:
     data: dict[str, Any] = {
         CONF_DEVICE: user_input[CONF_DEVICE],
         CONF_DTYPE: user_input[CONF_DTYPE],
+        CONF_WEIGHTS: user_input.get(CONF_WEIGHTS, DEFAULT_WEIGHTS),
         CONF_KV_BUDGET_MIB: int(user_input[CONF_KV_BUDGET_MIB]),
         CONF_BLOCK_SIZE: int(user_input[CONF_BLOCK_SIZE]),
         CONF_MAX_NUM_SEQS: int(user_input[CONF_MAX_NUM_SEQS]),
@@ -256,7 +268,9 @@ def model_label(model: str) -> str:
 
 def chosen_settings(entry: PagedLLMConfigEntry) -> dict[str, str]:
     """What the running engine resolved "Automatic" and 0 to, for the reconfigure form."""
-    unknown = dict.fromkeys(("device", "dtype", "context", "blocks", "sequence_mib"), "-")
+    unknown = dict.fromkeys(
+        ("device", "dtype", "weights", "context", "blocks", "sequence_mib"), "-"
+    )
     data = getattr(entry, "runtime_data", None)
     if data is None or not isinstance(data.backend, EmbeddedBackend):
         return unknown
@@ -272,6 +286,7 @@ def chosen_settings(entry: PagedLLMConfigEntry) -> dict[str, str]:
     return {
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).removeprefix("torch."),
+        "weights": str(loaded.weights),
         "context": str(llm_engine.max_model_len),
         "blocks": f"{llm_engine.num_kv_blocks} × {block_size}",
         "sequence_mib": f"{blocks_per_sequence * block_bytes / 2**20:.1f}",

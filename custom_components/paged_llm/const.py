@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
+from paged_llm.protocol.defaults import WEIGHT_CHOICES
 from paged_llm.protocol.priority import PRIORITY_NAMES, PriorityClass
 
 DOMAIN: Final = "paged_llm"
@@ -38,6 +39,10 @@ DEFAULT_IDLE_UNLOAD_MIN: Final = 0
 CONF_CUSTOM_MODEL: Final = "custom_model"
 MODEL_BUNDLED: Final = "bundled"
 MODEL_OTHER: Final = "other"
+
+CONF_WEIGHTS: Final = "weights"
+WEIGHTS: Final = WEIGHT_CHOICES
+DEFAULT_WEIGHTS: Final = "auto"
 
 DEVICES: Final = ("auto", "cpu", "cuda")
 DTYPES: Final = ("auto", "float32", "bfloat16", "float16")

@@ -24,12 +24,14 @@ from .const import (
     CONF_KV_BUDGET_MIB,
     CONF_MAX_MODEL_LEN,
     CONF_MAX_NUM_SEQS,
+    CONF_WEIGHTS,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     DEFAULT_KV_BUDGET_MIB,
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_WEIGHTS,
     LOGGER,
 )
 from .prompt import PLAIN_STOP, chat_template, render_plain, template_knows_tools
@@ -96,6 +98,7 @@ def engine_config(hass: HomeAssistant, data: Mapping[str, Any]) -> EngineConfig:
         model=normalize_model(data.get(CONF_MODEL, DEFAULT_MODEL)),
         device=data.get(CONF_DEVICE, DEFAULT_DEVICE),
         dtype=data.get(CONF_DTYPE, DEFAULT_DTYPE),
+        weights=data.get(CONF_WEIGHTS, DEFAULT_WEIGHTS),
         block_size=int(data.get(CONF_BLOCK_SIZE, DEFAULT_BLOCK_SIZE)),
         kv_budget=float(int(data.get(CONF_KV_BUDGET_MIB, DEFAULT_KV_BUDGET_MIB)) * 2**20),
         max_num_seqs=int(data.get(CONF_MAX_NUM_SEQS, DEFAULT_MAX_NUM_SEQS)),

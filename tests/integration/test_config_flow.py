@@ -73,6 +73,7 @@ async def test_form_offers_the_bundled_default(hass: HomeAssistant) -> None:
         "custom_model",
         "device",
         "dtype",
+        "weights",
         "kv_budget_mib",
         "block_size",
         "max_num_seqs",
@@ -114,7 +115,12 @@ async def test_happy_path_loads_once_and_creates_entry_with_agents(
         await hass.async_block_till_done()
     assert result["type"] is FlowResultType.CREATE_ENTRY
     assert result["title"] == Path(engine_settings[CONF_MODEL]).name
-    assert result["data"] == {"backend": "embedded", **engine_settings, "idle_unload_minutes": 0}
+    assert result["data"] == {
+        "backend": "embedded",
+        **engine_settings,
+        "idle_unload_minutes": 0,
+        "weights": "auto",
+    }
     entry = result["result"]
     assert entry.unique_id == engine_settings[CONF_MODEL]
     assert sorted(s.subentry_type for s in entry.subentries.values()) == [
@@ -230,6 +236,7 @@ async def test_reconfigure_restarts_engine_with_new_kv_budget(
         {
             "device": "cpu",
             "dtype": "float32",
+            "weights": "q8",
             "kv_budget_mib": 8,
             "block_size": "16",
             "max_num_seqs": 8,
@@ -248,6 +255,8 @@ async def test_reconfigure_restarts_engine_with_new_kv_budget(
     assert new_engine.is_running
     assert new_engine.engine.num_kv_blocks == 2 * old_blocks
     assert new_engine.config.max_num_seqs == 8
+    # The weights choice reaches the loader: the linear layers are 8-bit now.
+    assert new_engine.engine.loaded.weights.startswith("q8 (")
 
 
 async def test_reconfigure_rejects_settings_the_model_cannot_hold(

@@ -39,6 +39,7 @@ async def test_reconfigure_says_what_the_engine_chose(
     chosen = result["description_placeholders"]
     assert chosen["device"] == "cpu"
     assert chosen["dtype"] == "float32"
+    assert chosen["weights"] == "float"
     assert chosen["context"] == str(llm_engine.max_model_len)
     assert chosen["blocks"] == f"{llm_engine.num_kv_blocks} × 16"
     per_block = kv_bytes_per_block(llm_engine.loaded.model.config, 16, llm_engine.loaded.dtype)

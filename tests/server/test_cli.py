@@ -58,3 +58,13 @@ def test_generate_runs_prompts_at_once_and_prints_metrics(model: Path) -> None:
     assert generated == 6 * (tokens + 1)  # each answer ends with its end-of-sequence token
     assert "time to first token p50" in summary
     assert "6/6 done" in result.stderr
+
+
+def test_weights_option_reaches_the_engine_config() -> None:
+    from paged_llm.server.cli import build_parser, engine_config
+
+    parser = build_parser()
+    assert engine_config(parser.parse_args(["serve", "--weights", "q8"])).weights == "q8"
+    assert engine_config(parser.parse_args(["serve"])).weights == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--weights", "q3"])
