@@ -11,6 +11,11 @@ from paged_llm.protocol.defaults import DEFAULT_MODEL, WEIGHT_CHOICES
 __all__ = ["DEFAULT_MODEL", "WEIGHT_CHOICES", "EngineConfig", "KVLayout", "SchedulerConfig"]
 
 
+# How long the latency policy's step budget holds after the last interactive request: a
+# conversation's next question usually comes within seconds.
+INTERACTIVE_HOLD_SECONDS = 2.0
+
+
 class KVLayout(enum.StrEnum):
     """How KV memory is handed to requests."""
 
@@ -46,7 +51,7 @@ class SchedulerConfig:
     interactive_kv_reserve: float = 0.1
     step_policy: StepPolicy = StepPolicy.LATENCY
     interactive_step_seconds: float = 0.1
-    interactive_hold_seconds: float = 2.0
+    interactive_hold_seconds: float = INTERACTIVE_HOLD_SECONDS
 
     def __post_init__(self) -> None:
         """Reject limits that could never schedule anything."""
@@ -109,7 +114,7 @@ class EngineConfig:
     interactive_kv_reserve: float = 0.1
     step_policy: StepPolicy = StepPolicy.LATENCY
     interactive_step_seconds: float = 0.1
-    interactive_hold_seconds: float = 2.0
+    interactive_hold_seconds: float = INTERACTIVE_HOLD_SECONDS
     weights: str = "auto"
 
     def __post_init__(self) -> None:

@@ -47,7 +47,12 @@ from bench_runners import (
 from bench_server import server_experiment, server_report
 from home_workload import MODES, build_workload
 
-from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig, KVLayout
+from paged_llm.engine.config import (
+    DEFAULT_MODEL,
+    INTERACTIVE_HOLD_SECONDS,
+    EngineConfig,
+    KVLayout,
+)
 from paged_llm.engine.loader import load_model
 from paged_llm.engine.model_runner import kv_bytes_per_block
 
@@ -106,7 +111,7 @@ def main() -> None:
     parser.add_argument(
         "--hold-seconds",
         type=float,
-        default=EngineConfig.interactive_hold_seconds,
+        default=INTERACTIVE_HOLD_SECONDS,
         help="how long the latency policy's budget holds after the last interactive request",
     )
     parser.add_argument(

@@ -266,16 +266,21 @@ def run_workload(binary: Path, gguf: Path, workload: list[Any], slots: int = 4) 
 
 
 def decode_rate(binary: Path, gguf: Path, prompt_ids: list[int], batch: int, tokens: int) -> float:
-    """Generated tokens per second with ``batch`` identical-length requests sent at once."""
+    """Decode tokens per second with ``batch`` identical-length requests sent at once.
+
+    Counted from the moment the last request got its first token (every prompt read,
+    all decoding together) to the end, as the engine's own decode figure is: the tokens
+    after each request's first, over that time.
+    """
     import aiohttp
 
     async def main(server: LlamaServer) -> float:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
-            started = time.monotonic()
             done = await asyncio.gather(
                 *(stream_completion(session, server.url, prompt_ids, tokens) for _ in range(batch))
             )
-            return sum(t for _, _, t in done) / (time.monotonic() - started)
+            decoding = max(e2e for _, e2e, _ in done) - max(ttft for ttft, _, _ in done)
+            return sum(n - 1 for _, _, n in done) / decoding
 
     with LlamaServer(binary, gguf, batch * (len(prompt_ids) + tokens + 16), batch) as server:
         return asyncio.run(main(server))
