@@ -137,24 +137,14 @@ def paged_attention(
         query, key_cache, value_cache, block_tables, context_lens, query_start_loc, out
     )
     check_score_args(sliding_window, softcap)
+    run: AttentionFn
     if resolve_backend(query.device, backend) == "triton":
         _, triton_attention = _triton_modules(query.device)
-        run: AttentionFn = triton_attention.paged_attention
-        return run(
-            query,
-            key_cache,
-            value_cache,
-            block_tables,
-            context_lens,
-            query_start_loc,
-            scale,
-            max_query_len=max_query_len,
-            max_context_len=max_context_len,
-            out=out,
-            sliding_window=sliding_window,
-            softcap=softcap,
-        )
-    return reference.paged_attention(
+        run = triton_attention.paged_attention
+    else:
+        # Only the torch path plans on the host; Triton reads the tables on the device.
+        run = functools.partial(reference.paged_attention, plan_cache=plan_cache)
+    return run(
         query,
         key_cache,
         value_cache,
@@ -167,7 +157,6 @@ def paged_attention(
         out=out,
         sliding_window=sliding_window,
         softcap=softcap,
-        plan_cache=plan_cache,
     )
 
 

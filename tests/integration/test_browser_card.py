@@ -96,8 +96,8 @@ def _grid(page: Page) -> str:
     return str(page.locator(f"{CARD} canvas").evaluate("(c) => c.toDataURL()"))
 
 
-async def _engine_map(base: str, token: str, entry_id: str) -> dict[str, Any]:
-    """The engine's block map now, through the integration's own subscription."""
+async def ws_messages(base: str, token: str, command: dict[str, Any], count: int) -> list[Any]:
+    """Send one websocket command as an authenticated user; return the next ``count`` replies."""
     async with (
         aiohttp.ClientSession() as session,
         session.ws_connect(base + "/api/websocket") as ws,
@@ -105,11 +105,17 @@ async def _engine_map(base: str, token: str, entry_id: str) -> dict[str, Any]:
         await ws.receive_json()
         await ws.send_json({"type": "auth", "access_token": token})
         assert (await ws.receive_json())["type"] == "auth_ok"
-        await ws.send_json({"id": 1, "type": "paged_llm/block_map/subscribe", "entry_id": entry_id})
-        assert (await ws.receive_json())["success"]
-        event = await ws.receive_json()
-        block_map: dict[str, Any] = event["event"]["block_map"]
-        return block_map
+        await ws.send_json({"id": 1, **command})
+        return [await ws.receive_json() for _ in range(count)]
+
+
+async def _engine_map(base: str, token: str, entry_id: str) -> dict[str, Any]:
+    """The engine's block map now, through the integration's own subscription."""
+    command = {"type": "paged_llm/block_map/subscribe", "entry_id": entry_id}
+    reply, event = await ws_messages(base, token, command, 2)
+    assert reply["success"]
+    block_map: dict[str, Any] = event["event"]["block_map"]
+    return block_map
 
 
 def test_card_shows_the_pool_moving_in_chromium(

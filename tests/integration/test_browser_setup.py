@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from test_browser_card import CHROMIUM, SCREENSHOT_DIR, _load_provisioner
+from test_browser_card import CHROMIUM, SCREENSHOT_DIR, _load_provisioner, ws_messages
 from test_browser_card import pytestmark as browser_marks
 from test_e2e_hass import CONFIGURATION, HomeAssistantProcess, running_home_assistant
 
@@ -52,15 +52,8 @@ async def _onboard(provisioner: ModuleType, base: str) -> str:
 
 async def _engine_device(base: str, token: str) -> dict[str, Any]:
     """The entry's engine device (the one its sensors belong to) from the device registry."""
-    async with (
-        aiohttp.ClientSession() as session,
-        session.ws_connect(base + "/api/websocket") as ws,
-    ):
-        await ws.receive_json()
-        await ws.send_json({"type": "auth", "access_token": token})
-        assert (await ws.receive_json())["type"] == "auth_ok"
-        await ws.send_json({"id": 1, "type": "config/device_registry/list"})
-        devices = (await ws.receive_json())["result"]
+    (reply,) = await ws_messages(base, token, {"type": "config/device_registry/list"}, 1)
+    devices = reply["result"]
     # The engine's device belongs to the entry itself (subentry None), not to an agent.
     engine = [
         d
