@@ -57,8 +57,9 @@ def unsupported_feature(config: Any) -> str | None:
     if getattr(config, "add_cross_attention", False):
         return "cross attention"
     if model_type not in SUPPORTED_MODEL_TYPES:
-        feature = _KNOWN_FEATURES.get(model_type, "an architecture the engine is not tested on")
-        return f"{feature} (model type {model_type!r})"
+        if model_type in _KNOWN_FEATURES:
+            return f"{_KNOWN_FEATURES[model_type]} (model type {model_type!r})"
+        return f"the {model_type!r} architecture: no test shows it runs exactly"
     layer_types = getattr(config, "layer_types", None) or ()
     for kind in layer_types:
         if kind not in SUPPORTED_LAYER_TYPES:

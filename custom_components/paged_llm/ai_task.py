@@ -16,6 +16,8 @@ from .const import DOMAIN, LOGGER, PRIORITY_AI_TASK, SUBENTRY_AI_TASK
 from .entity import PagedLLMBaseLLMEntity
 from .runtime import PagedLLMConfigEntry
 
+# The engine queues and prioritises requests itself; Home Assistant need not limit them.
+PARALLEL_UPDATES = 0
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL | re.IGNORECASE)
 # Shown in errors: enough to see what went wrong, not a whole essay.
 _EXCERPT = 200

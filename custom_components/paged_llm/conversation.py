@@ -20,6 +20,8 @@ from .prompt import agent_instructions
 from .runtime import PagedLLMConfigEntry
 from .warmup import async_warm_prefix
 
+# The engine queues and prioritises requests itself; Home Assistant need not limit them.
+PARALLEL_UPDATES = 0
 # Registry changes come in bursts (an area renamed, entities exposed): warm once after.
 WARMUP_COOLDOWN = 10.0
 

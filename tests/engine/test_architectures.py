@@ -25,7 +25,7 @@ REFUSED = [
     (BloomConfig(n_layer=1, hidden_size=32, n_head=2), "ALiBi"),
     (T5Config(num_layers=1, d_model=32, d_ff=64, num_heads=2), "encoder-decoder"),
     (MambaConfig(num_hidden_layers=1, hidden_size=32), "state-space layers"),
-    (GPT2Config(n_layer=1, n_embd=32, n_head=2), "not tested"),
+    (GPT2Config(n_layer=1, n_embd=32, n_head=2), "the 'gpt2' architecture: no test shows"),
     (Gemma3TextConfig(use_bidirectional_attention=True), "non-causal"),
     (Gemma3TextConfig(layer_types=["chunked_attention"], num_hidden_layers=1), "chunked"),
 ]
