@@ -139,7 +139,12 @@ def is_transient_load_error(err: BaseException) -> bool:
 
 def backend_error(err: EngineError, restart: bool = False) -> BackendError:
     """The seam's error for an error the engine raised on a request."""
-    from paged_llm.engine.errors import EngineDeadError, InvalidSamplingParams, RequestRejected
+    from paged_llm.engine.errors import (
+        EngineDeadError,
+        InvalidArgument,
+        InvalidSamplingParams,
+        RequestRejected,
+    )
 
     reason = str(err)
     if isinstance(err, RequestRejected):
@@ -149,6 +154,9 @@ def backend_error(err: EngineError, restart: bool = False) -> BackendError:
         )
     if isinstance(err, InvalidSamplingParams):
         return BackendError("invalid_sampling_params", reason, caller=True)
+    if isinstance(err, InvalidArgument):
+        # A malformed request (a prompt or tool of the wrong form): the caller's to fix.
+        return BackendError("invalid_argument", reason, caller=True)
     if isinstance(err, EngineDeadError):
         return BackendError("engine_dead", reason, restart=restart)
     return BackendError("generation_failed", reason)

@@ -15,6 +15,8 @@ from homeassistant.helpers import intent
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm.const import DOMAIN
+from custom_components.paged_llm.embedded import backend_error
+from custom_components.paged_llm.runtime import ha_error
 
 
 async def _call(hass: HomeAssistant, service: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -237,3 +239,15 @@ async def test_actions_need_a_loaded_entry(
             return_response=True,
         )
     assert err.value.translation_key == "service_config_entry_not_loaded"
+
+
+def test_a_malformed_request_is_the_callers_error_naming_the_argument() -> None:
+    from paged_llm.engine.errors import EngineError, InvalidArgument
+
+    err = backend_error(InvalidArgument("prompt", "prompt: a message needs a role"))
+    assert (err.key, err.caller) == ("invalid_argument", True)
+    assert err.reason == "prompt: a message needs a role"
+    assert isinstance(ha_error(err), ServiceValidationError)
+    # An unexpected engine error stays the generic failure, not the caller's.
+    other = backend_error(EngineError("the step failed"))
+    assert (other.key, other.caller) == ("generation_failed", False)
