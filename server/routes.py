@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -33,6 +35,9 @@ from .generation import run, sampling_params, tokenize
 from .host import EngineHost, HostState
 from .keys import HOST, METRICS
 from .metrics import CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from paged_llm.engine.outputs import RequestOutput
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
@@ -92,32 +97,45 @@ async def _prepare(
     return host, ids, params
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/chat/completions``."""
-    body = parse_chat_request(await read_json(request))
-    host, ids, params = await _prepare(request, body, None)
-    metrics = request.app[METRICS]
-    response_id, created, model = new_id("chatcmpl"), now(), host.model_name
-    parser = ToolCallStream(body.tool_names) if body.tool_names else None
-    priority = body.priority.value
+@dataclass(slots=True)
+class _Generated:
+    """What one request produced: its last output, its whole text, its stream if any."""
+
+    last: RequestOutput
+    text: str
+    stream: web.StreamResponse | None
+
+
+async def _generate(
+    request: web.Request,
+    prepared: tuple[EngineHost, list[int], Any],
+    priority: str,
+    streaming: bool,
+    delta: Callable[[RequestOutput], str],
+    chunk: Callable[[str], dict[str, Any]],
+    opening: dict[str, Any] | None = None,
+) -> _Generated | web.StreamResponse:
+    """Run one request, sending ``chunk(delta(output))`` as events when ``streaming``.
+
+    Returns what it produced, or the closed stream when the request failed after the
+    stream was opened (a failure before that raises, keeping its HTTP status).
+    """
+    host, ids, params = prepared
     stream: web.StreamResponse | None = None
     text: list[str] = []
     try:
         async with aclosing(run(host, ids, params, priority)) as outputs:
             # The first output comes before any header: admission errors keep their status.
             out = await anext(outputs)
-            if body.stream:
+            if streaming:
                 stream = await sse.open_stream(request)
-                role: dict[str, Any] = {"role": "assistant", "content": ""}
-                await sse.send(stream, chat_chunk(response_id, model, created, role))
+                if opening is not None:
+                    await sse.send(stream, opening)
             while True:
-                delta = parser.feed(out.text) if parser is not None else out.text
-                if out.finished and parser is not None:
-                    delta += parser.finish()
-                if stream is not None and delta:
-                    chunk = chat_chunk(response_id, model, created, {"content": delta})
-                    await sse.send(stream, chunk)
-                text.append(delta)
+                piece = delta(out)
+                if stream is not None and piece:
+                    await sse.send(stream, chunk(piece))
+                text.append(piece)
                 if out.finished:
                     break
                 out = await anext(outputs)
@@ -125,14 +143,47 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if stream is None:
             raise
         return await _fail_stream(stream, err)
-    calls = parser.calls if parser is not None else []
-    reason = _finish_reason(out.finish_reason, bool(calls))
-    usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+    return _Generated(out, "".join(text), stream)
+
+
+def _observe(request: web.Request, priority: str, out: RequestOutput, reason: str) -> Usage:
+    """Record a finished request's timing in the metrics; return its token usage."""
     if out.timing is not None:
-        metrics.observe(priority, out.timing, reason)
-    if stream is None:
+        request.app[METRICS].observe(priority, out.timing, reason)
+    return Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions``."""
+    body = parse_chat_request(await read_json(request))
+    prepared = await _prepare(request, body, None)
+    response_id, created, model = new_id("chatcmpl"), now(), prepared[0].model_name
+    parser = ToolCallStream(body.tool_names) if body.tool_names else None
+    priority = body.priority.value
+
+    def delta(out: RequestOutput) -> str:
+        """The output's text, with tool-call markup held back for the parser."""
+        if parser is None:
+            return out.text
+        return parser.feed(out.text) + (parser.finish() if out.finished else "")
+
+    result = await _generate(
+        request,
+        prepared,
+        priority,
+        body.stream,
+        delta,
+        lambda piece: chat_chunk(response_id, model, created, {"content": piece}),
+        opening=chat_chunk(response_id, model, created, {"role": "assistant", "content": ""}),
+    )
+    if isinstance(result, web.StreamResponse):
+        return result
+    calls = parser.calls if parser is not None else []
+    reason = _finish_reason(result.last.finish_reason, bool(calls))
+    usage = _observe(request, priority, result.last, reason)
+    if (stream := result.stream) is None:
         return web.json_response(
-            chat_completion(response_id, model, "".join(text), calls, reason, usage, created)
+            chat_completion(response_id, model, result.text, calls, reason, usage, created)
         )
     if calls:
         await sse.send(stream, chat_chunk(response_id, model, created, tool_call_deltas(calls)))
@@ -146,36 +197,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     """``POST /v1/completions``."""
     body = parse_completion_request(await read_json(request))
-    host, ids, params = await _prepare(request, body, COMPLETION_DEFAULT_MAX_TOKENS)
-    metrics = request.app[METRICS]
-    response_id, created, model = new_id("cmpl"), now(), host.model_name
+    prepared = await _prepare(request, body, COMPLETION_DEFAULT_MAX_TOKENS)
+    response_id, created, model = new_id("cmpl"), now(), prepared[0].model_name
     priority = body.priority.value
-    stream: web.StreamResponse | None = None
-    text: list[str] = []
-    try:
-        async with aclosing(run(host, ids, params, priority)) as outputs:
-            out = await anext(outputs)
-            if body.stream:
-                stream = await sse.open_stream(request)
-            while True:
-                if stream is not None and out.text:
-                    chunk = text_completion(response_id, model, created, out.text, None)
-                    await sse.send(stream, chunk)
-                text.append(out.text)
-                if out.finished:
-                    break
-                out = await anext(outputs)
-    except ApiError as err:
-        if stream is None:
-            raise
-        return await _fail_stream(stream, err)
-    reason = _finish_reason(out.finish_reason, False)
-    usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
-    if out.timing is not None:
-        metrics.observe(priority, out.timing, reason)
-    if stream is None:
+    result = await _generate(
+        request,
+        prepared,
+        priority,
+        body.stream,
+        lambda out: out.text,
+        lambda piece: text_completion(response_id, model, created, piece, None),
+    )
+    if isinstance(result, web.StreamResponse):
+        return result
+    reason = _finish_reason(result.last.finish_reason, False)
+    usage = _observe(request, priority, result.last, reason)
+    if (stream := result.stream) is None:
         return web.json_response(
-            text_completion(response_id, model, created, "".join(text), reason, usage)
+            text_completion(response_id, model, created, result.text, reason, usage)
         )
     await sse.send(stream, text_completion(response_id, model, created, "", reason))
     if body.include_usage:
