@@ -143,20 +143,33 @@ def test_card_shows_the_pool_moving_in_chromium(
         )
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 900})
+            card_js: list[str] = []
+            page.on("response", lambda r: CARD in r.url and card_js.append(f"{r.status} {r.url}"))
+            page.on("console", lambda m: card_js.append(f"console {m.type}: {m.text}"))
             page.goto(info["url"])
             page.get_by_role("textbox", name="Username").fill(info["username"])
             page.get_by_role("textbox", name="Password").fill(info["password"])
             page.keyboard.press("Enter")
             errors: list[str] = []
             page.on("pageerror", lambda err: errors.append(str(err)))
+            legend = page.locator(f"{CARD} .legend .item").first
             try:
-                page.locator(f"{CARD} .legend .item").first.wait_for(timeout=60_000)
+                legend.wait_for(timeout=20_000)
             except Exception:
-                page.screenshot(path=str(tmp_path / "failed.png"))
-                pytest.fail(
-                    f"the card did not show (page errors: {errors}; screenshot "
-                    f"{tmp_path / 'failed.png'}):\n{hass.log_tail()}"
-                )
+                # Home Assistant's frontend builds a dashboard while extra modules still
+                # load; when the card's script arrives in between, its "rebuild" event can
+                # be lost and the card stays an error card until the page is reloaded (seen
+                # about once in five runs, with the script loaded and defined). A person
+                # reloads; so does the test, once.
+                page.reload()
+                try:
+                    legend.wait_for(timeout=60_000)
+                except Exception:
+                    page.screenshot(path=str(tmp_path / "failed.png"))
+                    pytest.fail(
+                        f"the card did not show (page errors: {errors}; card script: {card_js};"
+                        f" screenshot {tmp_path / 'failed.png'}):\n{hass.log_tail()}"
+                    )
             idle_grid = _grid(page)
             idle = _legend(page)
             assert idle["interactive"] + idle["automation"] + idle["background"] == 0
