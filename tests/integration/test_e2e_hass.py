@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -21,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from remote_server import ServerProcess
@@ -272,6 +274,33 @@ def _create_entry(hass: HomeAssistantProcess, model: str) -> dict[str, Any]:
     return result
 
 
+async def _record_states(
+    hass: HomeAssistantProcess,
+    seen: dict[str, list[float]],
+    listening: threading.Event,
+    done: threading.Event,
+) -> None:
+    """Append each new state of the entities in ``seen`` until ``done``, over the websocket."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(hass.base + "/api/websocket") as ws,
+    ):
+        await ws.receive_json()
+        await ws.send_json({"type": "auth", "access_token": hass.token})
+        assert (await ws.receive_json())["type"] == "auth_ok"
+        await ws.send_json({"id": 1, "type": "subscribe_events", "event_type": "state_changed"})
+        assert (await ws.receive_json())["success"]
+        listening.set()
+        while not done.is_set():
+            try:
+                message = await ws.receive_json(timeout=0.2)
+            except TimeoutError:
+                continue
+            data = message["event"]["data"]
+            if data["entity_id"] in seen and data["new_state"] is not None:
+                seen[data["entity_id"]].append(float(data["new_state"]["state"]))
+
+
 @pytest.mark.slow
 def test_real_home_assistant_serves_concurrent_requests(
     home_assistant: HomeAssistantProcess,
@@ -314,16 +343,15 @@ def test_real_home_assistant_serves_concurrent_requests(
     ttft = next(e for e in sensors if e.endswith("time_to_first_token_interactive_p95"))
     seen: dict[str, list[float]] = {usage: [], running: []}
     done = threading.Event()
+    listening = threading.Event()
 
     def watch() -> None:
-        while not done.is_set():
-            states = hass.states()
-            for entity_id, values in seen.items():
-                values.append(float(states[entity_id]["state"]))
-            time.sleep(0.2)
+        """Record every state the sensors are pushed to (polling can miss a short run)."""
+        asyncio.run(_record_states(hass, seen, listening, done))
 
     with ThreadPoolExecutor(max_workers=6) as pool:
         watcher = pool.submit(watch)
+        assert listening.wait(timeout=30), "the state subscription did not start"
         summary = pool.submit(summarize)
         answers = [pool.submit(converse, i) for i in range(4)]
         replies = [future.result(timeout=120) for future in answers]
