@@ -459,14 +459,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             try:
                 data = {CONF_BACKEND: BACKEND_EMBEDDED, **coerce_engine_input(user_input)}
             except NoModelTypedError:
-                return self.async_show_form(
-                    step_id="embedded",
-                    data_schema=self.add_suggested_values_to_schema(
-                        engine_schema(self._data, with_model=True), user_input
-                    ),
-                    errors={CONF_CUSTOM_MODEL: "model_missing"},
-                    description_placeholders={"reason": ""},
-                )
+                self._errors, self._reason = {CONF_CUSTOM_MODEL: "model_missing"}, ""
+                return self._show_engine_form(suggested=user_input)
             await self.async_set_unique_id(data[CONF_MODEL])
             self._abort_if_unique_id_configured()
             self._data = data
@@ -481,10 +475,17 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 self._errors, self._reason = {"base": "invalid_settings"}, str(err)
             else:
                 return await self.async_step_load()
+        return self._show_engine_form()
+
+    def _show_engine_form(self, suggested: Mapping[str, Any] | None = None) -> ConfigFlowResult:
+        """The engine form with the pending errors; ``suggested`` refills what was typed."""
         errors, self._errors = self._errors, {}
+        schema = engine_schema(self._data, with_model=True)
+        if suggested is not None:
+            schema = self.add_suggested_values_to_schema(schema, suggested)
         return self.async_show_form(
             step_id="embedded",
-            data_schema=engine_schema(self._data, with_model=True),
+            data_schema=schema,
             errors=errors,
             description_placeholders={"reason": self._reason},
         )

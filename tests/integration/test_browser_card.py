@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -62,6 +63,28 @@ def home_assistant(tmp_path: Path, socket_enabled: None) -> Iterator[HomeAssista
     (tmp_path / "config" / "scripts.yaml").write_text("", encoding="utf-8")
     with running_home_assistant(tmp_path, CONFIGURATION) as hass:
         yield hass
+
+
+@contextlib.contextmanager
+def chromium_page() -> Iterator[Page]:
+    """A page of headless Chromium, at the size the README's pictures are taken."""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+        )
+        try:
+            yield browser.new_page(viewport={"width": 1100, "height": 900})
+        finally:
+            browser.close()
+
+
+def log_in(page: Page, url: str, username: str, password: str) -> None:
+    """Open ``url`` and sign in on Home Assistant's login form it redirects to."""
+    page.goto(url)
+    page.get_by_role("textbox", name="Username").fill(username)
+    page.get_by_role("textbox", name="Password").fill(password)
+    page.keyboard.press("Enter")
 
 
 def _legend(page: Page) -> dict[str, int]:
@@ -136,107 +159,92 @@ def test_card_shows_the_pool_moving_in_chromium(
     info = asyncio.run(provisioner.provision(hass.base, hass.config_dir, 120, settings))
     hass.token = info["token"]
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-        )
+    with chromium_page() as page:
+        card_js: list[str] = []
+        page.on("response", lambda r: CARD in r.url and card_js.append(f"{r.status} {r.url}"))
+        page.on("console", lambda m: card_js.append(f"console {m.type}: {m.text}"))
+        log_in(page, info["url"], info["username"], info["password"])
+        errors: list[str] = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        legend = page.locator(f"{CARD} .legend .item").first
         try:
-            page = browser.new_page(viewport={"width": 1100, "height": 900})
-            card_js: list[str] = []
-            page.on("response", lambda r: CARD in r.url and card_js.append(f"{r.status} {r.url}"))
-            page.on("console", lambda m: card_js.append(f"console {m.type}: {m.text}"))
-            page.goto(info["url"])
-            page.get_by_role("textbox", name="Username").fill(info["username"])
-            page.get_by_role("textbox", name="Password").fill(info["password"])
-            page.keyboard.press("Enter")
-            errors: list[str] = []
-            page.on("pageerror", lambda err: errors.append(str(err)))
-            legend = page.locator(f"{CARD} .legend .item").first
+            legend.wait_for(timeout=20_000)
+        except Exception:
+            # Home Assistant's frontend builds a dashboard while extra modules still
+            # load; when the card's script arrives in between, its "rebuild" event can
+            # be lost and the card stays an error card until the page is reloaded (seen
+            # about once in five runs, with the script loaded and defined). A person
+            # reloads; so does the test, once.
+            page.reload()
             try:
-                legend.wait_for(timeout=20_000)
+                legend.wait_for(timeout=60_000)
             except Exception:
-                # Home Assistant's frontend builds a dashboard while extra modules still
-                # load; when the card's script arrives in between, its "rebuild" event can
-                # be lost and the card stays an error card until the page is reloaded (seen
-                # about once in five runs, with the script loaded and defined). A person
-                # reloads; so does the test, once.
-                page.reload()
-                try:
-                    legend.wait_for(timeout=60_000)
-                except Exception:
-                    page.screenshot(path=str(tmp_path / "failed.png"))
-                    pytest.fail(
-                        f"the card did not show (page errors: {errors}; card script: {card_js};"
-                        f" screenshot {tmp_path / 'failed.png'}):\n{hass.log_tail()}"
-                    )
-            idle_grid = _grid(page)
-            idle = _legend(page)
-            assert idle["interactive"] + idle["automation"] + idle["background"] == 0
+                page.screenshot(path=str(tmp_path / "failed.png"))
+                pytest.fail(
+                    f"the card did not show (page errors: {errors}; card script: {card_js};"
+                    f" screenshot {tmp_path / 'failed.png'}):\n{hass.log_tail()}"
+                )
+        idle_grid = _grid(page)
+        idle = _legend(page)
+        assert idle["interactive"] + idle["automation"] + idle["background"] == 0
 
-            status, body = hass.request(
-                "POST",
-                "/api/services/script/turn_on",
-                {"entity_id": f"script.{provisioner.BURST_SCRIPT}"},
-            )
-            assert status == 200, body
-            grids: set[str] = set()
-            busy_legends: list[dict[str, int]] = []
-            deadline = time.monotonic() + 40
-            while time.monotonic() < deadline:
+        status, body = hass.request(
+            "POST",
+            "/api/services/script/turn_on",
+            {"entity_id": f"script.{provisioner.BURST_SCRIPT}"},
+        )
+        assert status == 200, body
+        grids: set[str] = set()
+        busy_legends: list[dict[str, int]] = []
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            legend = _legend(page)
+            if legend["interactive"] + legend["automation"] + legend["background"]:
+                busy_legends.append(legend)
+                grids.add(_grid(page))
+                page.wait_for_timeout(250)
+            elif busy_legends:
+                break  # the burst is over
+            else:
+                page.wait_for_timeout(100)
+        assert busy_legends, "the card never showed a held block during the burst"
+        # The grid moved while the burst ran: two moments, two different pictures.
+        assert len(grids - {idle_grid}) >= 2, "the grid did not change during the burst"
+        assert max(leg["background"] for leg in busy_legends) > 0
+        total = sum(idle[k] for k in ("interactive", "automation", "background", "cached", "free"))
+        for legend in busy_legends:
+            keys = ("interactive", "automation", "background", "cached", "free")
+            assert sum(legend[k] for k in keys) == total
+
+        # Quiet again: the legend equals the engine's own map, taken on its thread.
+        def settled() -> dict[str, int]:
+            for _ in range(60):
+                states = hass.states()
+                script = states[f"script.{provisioner.BURST_SCRIPT}"]["state"]
                 legend = _legend(page)
-                if legend["interactive"] + legend["automation"] + legend["background"]:
-                    busy_legends.append(legend)
-                    grids.add(_grid(page))
-                    page.wait_for_timeout(250)
-                elif busy_legends:
-                    break  # the burst is over
-                else:
-                    page.wait_for_timeout(100)
-            assert busy_legends, "the card never showed a held block during the burst"
-            # The grid moved while the burst ran: two moments, two different pictures.
-            assert len(grids - {idle_grid}) >= 2, "the grid did not change during the burst"
-            assert max(leg["background"] for leg in busy_legends) > 0
-            total = sum(
-                idle[k] for k in ("interactive", "automation", "background", "cached", "free")
-            )
-            for legend in busy_legends:
-                keys = ("interactive", "automation", "background", "cached", "free")
-                assert sum(legend[k] for k in keys) == total
+                used = legend["interactive"] + legend["automation"] + legend["background"]
+                if script == "off" and used == 0:
+                    return legend
+                page.wait_for_timeout(500)
+            pytest.fail("the burst did not finish")
 
-            # Quiet again: the legend equals the engine's own map, taken on its thread.
-            def settled() -> dict[str, int]:
-                for _ in range(60):
-                    states = hass.states()
-                    script = states[f"script.{provisioner.BURST_SCRIPT}"]["state"]
-                    legend = _legend(page)
-                    used = legend["interactive"] + legend["automation"] + legend["background"]
-                    if script == "off" and used == 0:
-                        return legend
-                    page.wait_for_timeout(500)
-                pytest.fail("the burst did not finish")
+        page.wait_for_timeout(1200)  # one more push after the last change
+        final = settled()
+        # Playwright's sync API runs a loop in this thread; ask from another one.
+        with ThreadPoolExecutor(1) as pool:
+            engine = pool.submit(
+                asyncio.run, _engine_map(hass.base, info["token"], info["entry_id"])
+            ).result(timeout=30)
+        assert final["cached"] == engine["cached"] > 0
+        assert final["free"] == engine["free"]
+        assert final["shared"] == engine["shared"]
+        assert final["cached"] + final["free"] == engine["num_blocks"] == total
+        blocks_sensor = next(s for e, s in hass.states().items() if e.endswith("kv_blocks_in_use"))
+        assert blocks_sensor["attributes"]["kv_blocks_total"] == total
 
-            page.wait_for_timeout(1200)  # one more push after the last change
-            final = settled()
-            # Playwright's sync API runs a loop in this thread; ask from another one.
-            with ThreadPoolExecutor(1) as pool:
-                engine = pool.submit(
-                    asyncio.run, _engine_map(hass.base, info["token"], info["entry_id"])
-                ).result(timeout=30)
-            assert final["cached"] == engine["cached"] > 0
-            assert final["free"] == engine["free"]
-            assert final["shared"] == engine["shared"]
-            assert final["cached"] + final["free"] == engine["num_blocks"] == total
-            blocks_sensor = next(
-                s for e, s in hass.states().items() if e.endswith("kv_blocks_in_use")
-            )
-            assert blocks_sensor["attributes"]["kv_blocks_total"] == total
-
-            shot = tmp_path / "block-map-card.png"
-            page.locator(CARD).screenshot(path=str(shot))
-            assert shot.stat().st_size > 0
-            if SCREENSHOT_DIR:
-                shutil.copy(shot, Path(SCREENSHOT_DIR) / shot.name)
-        finally:
-            browser.close()
+        shot = tmp_path / "block-map-card.png"
+        page.locator(CARD).screenshot(path=str(shot))
+        assert shot.stat().st_size > 0
+        if SCREENSHOT_DIR:
+            shutil.copy(shot, Path(SCREENSHOT_DIR) / shot.name)
     print(f"browser test took {time.monotonic() - started:.1f} s; screenshot {shot}")

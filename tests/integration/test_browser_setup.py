@@ -9,20 +9,24 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
-from test_browser_card import CHROMIUM, SCREENSHOT_DIR, _load_provisioner, ws_messages
+from test_browser_card import (
+    SCREENSHOT_DIR,
+    _load_provisioner,
+    chromium_page,
+    log_in,
+    ws_messages,
+)
 from test_browser_card import pytestmark as browser_marks
 from test_e2e_hass import CONFIGURATION, HomeAssistantProcess, running_home_assistant
 
 from custom_components.paged_llm.config_flow import BUNDLED_LABEL
 
-try:
-    from playwright.sync_api import Locator, Page, sync_playwright
-except ImportError:  # pragma: no cover - requirements_dev.txt pins it
-    sync_playwright = None  # type: ignore[assignment]
+if TYPE_CHECKING:
+    from playwright.sync_api import Locator, Page
 
 pytestmark = browser_marks
 # The bundled model's first start converts it; on a slow CPU in float32 that is a minute.
@@ -84,65 +88,59 @@ def test_setup_names_the_model_shows_the_conversion_and_the_device(
     provisioner = _load_provisioner()
     hass.token = asyncio.run(_onboard(provisioner, hass.base))
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+    with chromium_page() as page:
+        log_in(
+            page,
+            hass.base + "/config/integrations/dashboard/add?domain=paged_llm",
+            provisioner.DEV_USERNAME,
+            provisioner.DEV_PASSWORD,
         )
-        try:
-            page = browser.new_page(viewport={"width": 1100, "height": 900})
-            page.goto(hass.base + "/config/integrations/dashboard/add?domain=paged_llm")
-            page.get_by_role("textbox", name="Username").fill(provisioner.DEV_USERNAME)
-            page.get_by_role("textbox", name="Password").fill(provisioner.DEV_PASSWORD)
-            page.keyboard.press("Enter")
-            page.get_by_role("button", name="OK").click(timeout=60_000)
-            # First question: where the model runs; the engine here is preselected.
-            dialog = _dialog(page)
-            dialog.get_by_text("On this Home Assistant", exact=True).wait_for(timeout=60_000)
-            dialog.get_by_role("button", name="Submit").click()
+        page.get_by_role("button", name="OK").click(timeout=60_000)
+        # First question: where the model runs; the engine here is preselected.
+        dialog = _dialog(page)
+        dialog.get_by_text("On this Home Assistant", exact=True).wait_for(timeout=60_000)
+        dialog.get_by_role("button", name="Submit").click()
 
-            # The engine form names the bundled model, never its raw value.
-            dialog.get_by_text("Choose a model and how the engine may use memory").wait_for()
-            dialog.get_by_text(BUNDLED_LABEL).filter(visible=True).first.wait_for()
-            assert dialog.get_by_text("bundled:").filter(visible=True).count() == 0
-            form = tmp_path / "setup-engine-form.png"
-            page.screenshot(path=str(form))
-            _save(form)
-            dialog.get_by_role("button", name="Submit").click()
+        # The engine form names the bundled model, never its raw value.
+        dialog.get_by_text("Choose a model and how the engine may use memory").wait_for()
+        dialog.get_by_text(BUNDLED_LABEL).filter(visible=True).first.wait_for()
+        assert dialog.get_by_text("bundled:").filter(visible=True).count() == 0
+        form = tmp_path / "setup-engine-form.png"
+        page.screenshot(path=str(form))
+        _save(form)
+        dialog.get_by_role("button", name="Submit").click()
 
-            # The loading dialog shows how far the conversion is, as a percentage.
-            dialog.get_by_text("Loading the model").wait_for()
-            ring = dialog.locator("ha-progress-ring")
-            ring.wait_for(timeout=LOAD_TIMEOUT_MS)
-            assert re.fullmatch(r"\d{1,3}%", ring.inner_text().strip())
-            loading = tmp_path / "setup-loading-dialog.png"
-            page.screenshot(path=str(loading))
-            _save(loading)
-            dialog.get_by_role("button", name="Skip and finish").click(timeout=LOAD_TIMEOUT_MS)
+        # The loading dialog shows how far the conversion is, as a percentage.
+        dialog.get_by_text("Loading the model").wait_for()
+        ring = dialog.locator("ha-progress-ring")
+        ring.wait_for(timeout=LOAD_TIMEOUT_MS)
+        assert re.fullmatch(r"\d{1,3}%", ring.inner_text().strip())
+        loading = tmp_path / "setup-loading-dialog.png"
+        page.screenshot(path=str(loading))
+        _save(loading)
+        dialog.get_by_role("button", name="Skip and finish").click(timeout=LOAD_TIMEOUT_MS)
 
-            # One question, so the device page shows a used engine.
-            status, body = hass.request(
-                "POST",
-                "/api/conversation/process",
-                {"text": "What is the capital of France?", "agent_id": _agent(hass)},
-                timeout=120,
+        # One question, so the device page shows a used engine.
+        status, body = hass.request(
+            "POST",
+            "/api/conversation/process",
+            {"text": "What is the capital of France?", "agent_id": _agent(hass)},
+            timeout=120,
+        )
+        assert status == 200, body
+        # Playwright's sync API runs a loop in this thread; ask from another one.
+        with ThreadPoolExecutor(1) as pool:
+            device = pool.submit(asyncio.run, _engine_device(hass.base, hass.token)).result(
+                timeout=30
             )
-            assert status == 200, body
-            # Playwright's sync API runs a loop in this thread; ask from another one.
-            with ThreadPoolExecutor(1) as pool:
-                device = pool.submit(asyncio.run, _engine_device(hass.base, hass.token)).result(
-                    timeout=30
-                )
-            page.set_viewport_size({"width": 1100, "height": 1240})
-            page.goto(f"{hass.base}/config/devices/device/{device['id']}")
-            for name in ("Engine state", "KV cache usage", "Time to first token, interactive"):
-                page.get_by_text(name).first.wait_for(timeout=30_000)
-            page.wait_for_timeout(1000)  # let the sensor values render
-            device_page = tmp_path / "device-page.png"
-            page.screenshot(path=str(device_page))
-            _save(device_page)
-        finally:
-            browser.close()
+        page.set_viewport_size({"width": 1100, "height": 1240})
+        page.goto(f"{hass.base}/config/devices/device/{device['id']}")
+        for name in ("Engine state", "KV cache usage", "Time to first token, interactive"):
+            page.get_by_text(name).first.wait_for(timeout=30_000)
+        page.wait_for_timeout(1000)  # let the sensor values render
+        device_page = tmp_path / "device-page.png"
+        page.screenshot(path=str(device_page))
+        _save(device_page)
     errors = [line for line in _our_log(hass) if " ERROR " in line or " WARNING " in line]
     assert not errors, errors
 
