@@ -61,6 +61,8 @@ class _Step:
     pressure: bool = False
     # Set once a prefill chunk of a class other than interactive is in the step.
     other_prefill: bool = False
+    # Set while interactive prefill waits under the latency policy: the step is theirs.
+    focus: bool = False
 
 
 class Scheduler:
@@ -78,7 +80,11 @@ class Scheduler:
     classes' prefill chunks are cut to fit ``interactive_step_seconds`` as predicted by a
     :class:`StepCostModel` learned from the time between ``schedule`` and ``update`` of
     earlier steps (the first such chunk still gets one block, so other work never
-    starves). Admission looks the prefix up once (``get_computed_blocks``), then
+    starves). A step in which interactive prefill waits (running or queued) is theirs
+    alone: other classes' decodes and prefills sit it out, so a voice query's first token
+    costs about what it costs on an idle engine (an interactive request that
+    cannot start has preempted every lower class, so nothing else could run anyway).
+    Admission looks the prefix up once (``get_computed_blocks``), then
     ``allocate_slots`` takes it or fails; the first waiting sequence that cannot start
     ends admissions for the step (no overtaking).
     """
@@ -208,6 +214,7 @@ class Scheduler:
         """Build the next batch: decodes, then prefill chunks in queue order."""
         now = self._clock()
         step = _Step(now, self.config.max_num_batched_tokens, self._step_seconds(now))
+        step.focus = step.seconds is not None and self._interactive_prefill_waits()
         prefilling: list[Sequence] = []
         for seq in list(self._running):
             if seq.status is not RUNNING:
@@ -215,7 +222,9 @@ class Scheduler:
             left = seq.num_tokens - seq.num_computed_tokens
             if left > 1:
                 prefilling.append(seq)
-            elif left == 1 and step.budget > 0 and self._fit(seq, 1, NO_HITS, step):
+            elif left != 1 or step.budget == 0 or self._sits_out(seq, step):
+                continue
+            elif self._fit(seq, 1, NO_HITS, step):
                 self._add_chunk(seq, 1, step)
         if step.budget > 0 and (prefilling or self._waiting):
             self._schedule_prefills(prefilling, step)
@@ -225,6 +234,20 @@ class Scheduler:
         return SchedulerOutput(
             chunks, step.preempted, self.config.max_num_batched_tokens - step.budget
         )
+
+    def _interactive_prefill_waits(self) -> bool:
+        """Whether an interactive request is queued or has prompt left to read."""
+        if self._waiting.count(Priority.INTERACTIVE):
+            return True
+        return any(
+            s.priority is Priority.INTERACTIVE and s.num_tokens - s.num_computed_tokens > 1
+            for s in self._running
+        )
+
+    @staticmethod
+    def _sits_out(seq: Sequence, step: _Step) -> bool:
+        """Whether ``seq`` waits for the next step: a focus step runs interactive work only."""
+        return step.focus and seq.priority is not Priority.INTERACTIVE
 
     def _step_seconds(self, now: float) -> float | None:
         """The time budget for other classes' prefill, or None when the token budget rules.
@@ -254,7 +277,7 @@ class Scheduler:
             if step.budget == 0:
                 break
             seq = ticket.seq
-            if seq.request_id in step.preempted_ids:
+            if seq.request_id in step.preempted_ids or self._sits_out(seq, step):
                 continue  # never run a sequence in the step that preempted it
             if seq.status is RUNNING:
                 start = seq.num_computed_tokens

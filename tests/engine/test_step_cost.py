@@ -122,7 +122,7 @@ def test_background_prefill_fits_the_time_budget_only_while_voice_runs(policy: s
         assert max(costs) > 0.05  # steps with voice in them carry a full prefill
     else:
         # Every step with voice fits the budget (the model learned it within the first
-        # steps), and the summary still moved on in each.
+        # steps), and the summary moved on in every step but the voice's prefill.
         assert max(costs[3:]) <= 0.05 * 1.02
         assert all(0 < n < 512 for n in doc_chunks)
         # Voice done: the budget holds a while for the conversation's next question ...
@@ -133,3 +133,40 @@ def test_background_prefill_fits_the_time_budget_only_while_voice_runs(policy: s
         timer.now += sched.config.interactive_hold_seconds
         chunks, _ = run_step(sched, timer)
         assert chunks == [("doc", 512)]
+
+
+def train(sched: Scheduler, timer: StepTimer) -> None:
+    """Let the cost model learn from a background document read to its end."""
+    sched.add(seq("warm", 6000, Priority.BACKGROUND, 1))
+    while sched.get("warm") is not None:
+        run_step(sched, timer)
+    assert sched.cost_model.ready
+
+
+def test_a_step_with_voice_prefill_is_the_voices_alone() -> None:
+    sched, timer = make("latency")
+    train(sched, timer)
+    sched.add(seq("doc", 4000, Priority.BACKGROUND, 50))
+    sched.add(seq("auto", 30, Priority.AUTOMATION, 50))
+    sched.add(seq("chat", 20, Priority.INTERACTIVE, 50))
+    for _ in range(3):
+        run_step(sched, timer)
+    chunks, _ = run_step(sched, timer)
+    assert {rid for rid, _ in chunks} == {"doc", "auto", "chat"}  # all three move on
+    sched.add(seq("voice", 40, Priority.INTERACTIVE, 30))
+    # The voice's prefill step: the other voice decodes with it, nothing else runs.
+    chunks, _ = run_step(sched, timer)
+    assert chunks == [("chat", 1), ("voice", 40)]
+    # Prefill done: the others come back in the next step.
+    chunks, _ = run_step(sched, timer)
+    assert {rid for rid, _ in chunks} == {"doc", "auto", "chat", "voice"}
+
+
+def test_fixed_policy_steps_run_everyone_with_voice() -> None:
+    sched, timer = make("fixed")
+    train(sched, timer)
+    sched.add(seq("auto", 30, Priority.AUTOMATION, 50))
+    run_step(sched, timer)
+    sched.add(seq("voice", 40, Priority.INTERACTIVE, 30))
+    chunks, _ = run_step(sched, timer)
+    assert chunks == [("auto", 1), ("voice", 40)]
