@@ -50,6 +50,7 @@ from home_workload import MODES, build_workload
 from paged_llm.engine.config import (
     DEFAULT_MODEL,
     INTERACTIVE_HOLD_SECONDS,
+    WEIGHT_CHOICES,
     EngineConfig,
     KVLayout,
 )
@@ -95,6 +96,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="under 5 minutes on 2 cores")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument(
+        "--weights",
+        default="auto",
+        choices=WEIGHT_CHOICES,
+        help="how the linear layers hold their weights (every system that loads the model)",
+    )
     parser.add_argument(
         "--kv-blocks",
         type=int,
@@ -157,10 +164,12 @@ def main() -> None:
             model=DEFAULT_MODEL,
             device="cpu",
             dtype=args.dtype,
+            weights=args.weights,
             cache_dir=ROOT / ".cache" / "converted",
         )
     )
     args.dtype = str(loaded.dtype).removeprefix("torch.")
+    args.weights = loaded.weights
     # A budget in blocks holds the same tokens whatever dtype ``auto`` picked on this CPU.
     args.kv_bytes = args.kv_blocks * kv_bytes_per_block(loaded.model.config, 16, loaded.dtype)
     workload = build_workload(loaded.tokenizer, mode, args.seed)
@@ -254,6 +263,7 @@ def main() -> None:
         "torch": torch.__version__,
         "model": DEFAULT_MODEL,
         "dtype": args.dtype,
+        "weights": args.weights,
         "kv_blocks": args.kv_blocks,
         "policy": args.policy,
         "step_seconds": args.step_seconds,

@@ -69,8 +69,16 @@ def machine_limits(loaded: LoadedModel) -> dict[str, float]:
     for _ in range(5):
         dst.copy_(src)
     bandwidth = 2 * src.numel() * 5 / (time.perf_counter() - began)
-    params = sum(p.numel() for p in loaded.model.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    model = loaded.model
+    # Packed 4/8-bit layers hold their weights as buffers: count their bytes as read, and
+    # their out x in products as computed.
+    params = sum(p.numel() for p in model.parameters()) + sum(
+        m.in_features * m.out_features
+        for m in model.modules()
+        if hasattr(m, "in_features") and not isinstance(getattr(m, "weight", None), torch.Tensor)
+    )
+    tensors = [*model.parameters(), *model.buffers()]
+    weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
     return {
         "matmul_gflops": flops / 1e9,
         "copy_gbps": bandwidth / 1e9,

@@ -75,7 +75,7 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
     q = data["quiet"]
     lines += [
         f"Machine: {data['machine']}; torch {data['torch']}; "
-        f"model {data['model']} ({data['dtype']}); "
+        f"model {data['model']} ({data['dtype']}, weights {data.get('weights', 'float')}); "
         f"KV budget {data.get('kv_blocks', '?')} blocks ({data['kv_mib']:.0f} MiB); "
         f"quiet check: {'quiet' if q['quiet'] else 'BUSY'} "
         f"(other processes used {100 * q['other_cpu_share']:.0f}% of the CPU before the run, "
@@ -139,6 +139,7 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
             f"| {row['sequences']} | {row['step_ms']:.1f} | {row['forward_ms']:.1f} | "
             f"{fmt(row['outside_share'], 100, 1)}% | {fmt(row['tokens_per_s'], 1, 1)} |"
         )
+    lines += llama_cpp_section(data, runs)
     if "batch32" in data:
         b = data["batch32"]
         lines += [
@@ -188,6 +189,44 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
             for cls, mm in per.items():
                 lines.append(f"| {name} | {cls} | {span(mm, 'ttft')} | {span(mm, 'queue')} |")
     return "\n".join(lines) + "\n"
+
+
+def llama_cpp_section(data: dict[str, Any], runs: list[SystemRun]) -> list[str]:
+    """This engine against llama.cpp on the same GGUF file: decode rates, the mix, memory."""
+    peer = data.get("llama_cpp") or {}
+    if "one_request_tokens_per_s" not in peer:
+        return ["", f"## Against llama.cpp: {peer.get('skipped', 'not run')}"]
+    ours = next((r for r in runs if r.name == "paged engine (this project)"), None)
+    theirs = next((r for r in runs if r.name.startswith("llama.cpp")), None)
+    decode = {row["sequences"]: row["tokens_per_s"] for row in data.get("overhead", [])}
+    rows: list[tuple[str, float | None, float | None, bool]] = [
+        ("one request, decode tokens/s", peer["one_request_tokens_per_s"], decode.get(1), True),
+        ("32 at once, decode tokens/s", peer["batch32_tokens_per_s"], decode.get(32), True),
+    ]
+    if ours is not None and theirs is not None:
+        voice = {r.name: r.per_class().get("interactive", {}) for r in (ours, theirs)}
+        rows += [
+            ("home mix, tokens/s", theirs.tokens_per_s, ours.tokens_per_s, True),
+            (
+                "home mix, voice time to first token p95 (s)",
+                voice[theirs.name].get("ttft_p95"),
+                voice[ours.name].get("ttft_p95"),
+                False,
+            ),
+            ("peak memory (MiB)", theirs.peak_rss / 2**20, ours.peak_rss / 2**20, False),
+        ]
+    lines = [
+        "",
+        f"## Against llama.cpp on the same GGUF file (weights {data.get('weights', 'float')})",
+        "",
+        "| | llama.cpp | this engine | this engine / llama.cpp |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for label, them, us, higher_is_better in rows:
+        ratio = us / them if us and them else None
+        note = "" if higher_is_better else " (lower is better)"
+        lines.append(f"| {label} | {fmt(them, 1, 2)} | {fmt(us, 1, 2)} | {fmt(ratio)}x{note} |")
+    return lines
 
 
 def policy_section(data: dict[str, Any], runs: list[SystemRun]) -> list[str]:
