@@ -32,7 +32,7 @@ from bench_experiments import (
     summary_experiment,
 )
 from bench_llama_cpp import build_server, decode_rate, run_workload, skip_reason
-from bench_machine import cpu_name, machine_limits, quiet_check
+from bench_machine import cpu_name, in_own_thread, machine_limits, quiet_check
 from bench_report import report, runs_from_json, write_plots
 from bench_runners import (
     CLASSES,
@@ -159,14 +159,15 @@ def main() -> None:
         + f" {quiet}",
         flush=True,
     )
-    loaded = load_model(
+    loaded = in_own_thread(
+        load_model,
         EngineConfig(
             model=DEFAULT_MODEL,
             device="cpu",
             dtype=args.dtype,
             weights=args.weights,
             cache_dir=ROOT / ".cache" / "converted",
-        )
+        ),
     )
     args.dtype = str(loaded.dtype).removeprefix("torch.")
     args.weights = loaded.weights
@@ -182,7 +183,7 @@ def main() -> None:
     )
     print(f"bench: {described}", flush=True)
     if args.server:
-        result = server_experiment(loaded, workload, args, out)
+        result = in_own_thread(server_experiment, loaded, workload, args, out)
         result.update(workload=described, dtype=args.dtype, quiet_after=quiet_check())
         (out / "server.json").write_text(json.dumps(result, indent=1, default=str))
         print(server_report(result))
@@ -192,7 +193,7 @@ def main() -> None:
     def timed(label: str, fn: Any, *a: Any) -> Any:
         began = time.monotonic()
         print(f"bench: {label} ...", flush=True)
-        result = fn(*a)
+        result = in_own_thread(fn, *a)
         print(f"bench: {label} done in {time.monotonic() - began:.0f} s", flush=True)
         return result
 
@@ -292,7 +293,7 @@ def main() -> None:
             [1, 8, 32] if mode == "quick" else [1, 8, 32, 128],
         )
     )
-    data["limits"] = machine_limits(loaded)
+    data["limits"] = in_own_thread(machine_limits, loaded)
     if llama:
         data["llama_cpp"] = llama
     # generate_batch alone takes minutes on 2 cores: the quick run leaves it out.

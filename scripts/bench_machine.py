@@ -5,11 +5,25 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from paged_llm.engine.loader import LoadedModel
+
+
+def in_own_thread[T](fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn`` in a thread that ends with it, so the torch threads it used go too.
+
+    torch's OpenMP runtime keeps a worker pool for every live thread that ran parallel
+    ops; with more pool threads than cores its workers stop spinning between parallel
+    regions and the engine thread decodes at about half speed. The benchmark's main
+    thread therefore never runs torch ops itself: each phase gets a thread that exits.
+    """
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def _busy_jiffies() -> tuple[int, int]:

@@ -222,3 +222,71 @@ async def test_idle_engine_reports_zero_throughput_once_the_window_passes(monkey
         assert engine.metrics().generation_throughput == 0
     finally:
         await engine.stop()
+
+
+async def test_the_model_loads_on_the_thread_that_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One thread for all torch work: a second thread's OpenMP pool halves decode speed.
+    loaded, config = make_loaded(vocab_size=49152)
+    threads: list[str] = []
+
+    def load(cfg: object, progress: object = None) -> object:
+        threads.append(threading.current_thread().name)
+        return loaded
+
+    monkeypatch.setattr("paged_llm.engine.async_engine.load_model", load)
+    engine = AsyncEngine(config)
+    await engine.start()
+    try:
+        steps: list[str] = []
+        step = engine.engine.step
+
+        def traced_step() -> object:
+            steps.append(threading.current_thread().name)
+            return step()
+
+        monkeypatch.setattr(engine.engine, "step", traced_step)
+        await collect(engine, "Hi", SamplingParams(max_tokens=2, ignore_eos=True))
+        assert threads == ["paged-llm-engine"]
+        assert set(steps) == {"paged-llm-engine"}
+    finally:
+        await engine.stop()
+
+
+async def test_a_failed_load_raises_from_start_and_ends_the_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def load(cfg: object, progress: object = None) -> object:
+        raise OSError("weights file unreadable")
+
+    monkeypatch.setattr("paged_llm.engine.async_engine.load_model", load)
+    engine = AsyncEngine(make_loaded(vocab_size=49152)[1])
+    with pytest.raises(OSError, match="unreadable"):
+        await engine.start()
+    assert not engine.is_running
+    assert not any(t.name == "paged-llm-engine" and t.is_alive() for t in threading.enumerate())
+    with pytest.raises(EngineDeadError):
+        await collect(engine, "hi", SamplingParams())
+
+
+async def test_a_start_cancelled_during_the_load_leaves_no_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loaded, config = make_loaded(vocab_size=49152)
+    loading = threading.Event()
+    release = threading.Event()
+
+    def load(cfg: object, progress: object = None) -> object:
+        loading.set()
+        release.wait(10)
+        return loaded
+
+    monkeypatch.setattr("paged_llm.engine.async_engine.load_model", load)
+    engine = AsyncEngine(config)
+    task = asyncio.create_task(engine.start())
+    await asyncio.to_thread(loading.wait, 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    await engine.stop()
+    assert not any(t.name == "paged-llm-engine" and t.is_alive() for t in threading.enumerate())
