@@ -337,7 +337,10 @@ class AsyncEngine:
                 self._check_alive()  # a stopped or crashed engine never answers
 
     def subscribe(self, callback: Callable[[MetricsSnapshot], None]) -> Callable[[], None]:
-        """Call ``callback`` on this event loop with snapshots, at most about once a second."""
+        """Call ``callback`` on this event loop with snapshots, about once a second.
+
+        The first step after idle is pushed at once, and going idle is pushed once more.
+        """
         entry = (asyncio.get_running_loop(), callback)
         with self._lock:
             self._subscribers.append(entry)
@@ -365,11 +368,13 @@ class AsyncEngine:
         assert engine is not None
         last_snapshot = last_publish = 0.0
         dirty = unpublished = False
+        idle = True
         try:
             while not self._stopping:
                 self._wakeup.clear()
                 self._drain(engine)
                 if not engine.has_unfinished():
+                    idle = True
                     # Going idle refreshes the readable figures at once; pushes keep to the
                     # rate limit. While idle the throughput window still drains, so keep
                     # refreshing until it reads 0.
@@ -390,11 +395,14 @@ class AsyncEngine:
                     self._deliver(out)
                 dirty = True
                 now = time.monotonic()
-                if now - last_snapshot >= SNAPSHOT_INTERVAL_S:
+                if idle or now - last_snapshot >= SNAPSHOT_INTERVAL_S:
                     self._snapshot = engine.metrics()
                     last_snapshot = now
                     unpublished = True
-                if now - last_publish >= PUBLISH_INTERVAL_S:
+                # The first step after idle is pushed at once: a voice answer can be over
+                # within the rate limit's second, and the sensors would never show it.
+                if idle or now - last_publish >= PUBLISH_INTERVAL_S:
+                    idle = False
                     self._publish()
                     last_publish = now
                     unpublished = False

@@ -290,3 +290,23 @@ async def test_a_start_cancelled_during_the_load_leaves_no_thread(
     release.set()
     await engine.stop()
     assert not any(t.name == "paged-llm-engine" and t.is_alive() for t in threading.enumerate())
+
+
+async def test_a_short_run_right_after_a_push_is_pushed_too() -> None:
+    # A voice answer can be over within the rate limit's second: its first step is pushed.
+    engine = await started()
+    snapshots: list[MetricsSnapshot] = []
+    unsubscribe = engine.subscribe(snapshots.append)
+    try:
+        params = SamplingParams(max_tokens=4, ignore_eos=True)
+        await collect(engine, "first", params)
+        await asyncio.sleep(1.2)  # the idle push comes within a second
+        assert snapshots[-1].num_requests_running == 0
+        pushed = len(snapshots)
+        await collect(engine, "second", params)
+        await asyncio.sleep(1.2)
+        assert any(s.num_requests_running == 1 for s in snapshots[pushed:]), snapshots[pushed:]
+        assert snapshots[-1].num_requests_running == 0
+    finally:
+        unsubscribe()
+        await engine.stop()
