@@ -82,11 +82,10 @@ class Scheduler:
     earlier steps (the first such chunk still gets one block, so other work never
     starves). A step in which interactive prefill waits (running or queued) is theirs
     alone: other classes' decodes and prefills sit it out, so a voice query's first token
-    costs about what it costs on an idle engine (an interactive request that
-    cannot start has preempted every lower class, so nothing else could run anyway).
-    Admission looks the prefix up once (``get_computed_blocks``), then
-    ``allocate_slots`` takes it or fails; the first waiting sequence that cannot start
-    ends admissions for the step (no overtaking).
+    costs about what it costs on an idle engine (should the interactive request not start
+    after all, the others lose that one step). Admission looks the prefix up once
+    (``get_computed_blocks``), then ``allocate_slots`` takes it or fails; the first
+    waiting sequence that cannot start ends admissions for the step (no overtaking).
     """
 
     def __init__(
@@ -278,7 +277,7 @@ class Scheduler:
                 break
             seq = ticket.seq
             if seq.request_id in step.preempted_ids or self._sits_out(seq, step):
-                continue  # never run a sequence in the step that preempted it
+                continue  # not in the step that preempted it, nor in the voice's step
             if seq.status is RUNNING:
                 start = seq.num_computed_tokens
                 num_tokens = self._chunk_size(seq, start, seq.num_tokens - start, step)
