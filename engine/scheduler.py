@@ -212,8 +212,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Build the next batch: decodes, then prefill chunks in queue order."""
         now = self._clock()
-        step = _Step(now, self.config.max_num_batched_tokens, self._step_seconds(now))
-        step.focus = step.seconds is not None and self._interactive_prefill_waits()
+        seconds, focus = self._step_time(now)
+        step = _Step(now, self.config.max_num_batched_tokens, seconds, focus=focus)
         prefilling: list[Sequence] = []
         for seq in list(self._running):
             if seq.status is not RUNNING:
@@ -234,36 +234,35 @@ class Scheduler:
             chunks, step.preempted, self.config.max_num_batched_tokens - step.budget
         )
 
-    def _interactive_prefill_waits(self) -> bool:
-        """Whether an interactive request is queued or has prompt left to read."""
-        if self._waiting.count(Priority.INTERACTIVE):
-            return True
-        return any(
-            s.priority is Priority.INTERACTIVE and s.num_tokens - s.num_computed_tokens > 1
-            for s in self._running
-        )
-
     @staticmethod
     def _sits_out(seq: Sequence, step: _Step) -> bool:
         """Whether ``seq`` waits for the next step: a focus step runs interactive work only."""
         return step.focus and seq.priority is not Priority.INTERACTIVE
 
-    def _step_seconds(self, now: float) -> float | None:
-        """The time budget for other classes' prefill, or None when the token budget rules.
+    def _step_time(self, now: float) -> tuple[float | None, bool]:
+        """The time budget for other classes' prefill, and whether the step is a focus step.
 
-        It holds while interactive work runs or waits and for ``interactive_hold_seconds``
-        after: the next voice query of a conversation then never lands in a long step.
+        None means the token budget rules; a focus step (interactive prefill waits) runs
+        interactive work alone. The budget holds while interactive work runs or waits and for
+        ``interactive_hold_seconds`` after: a conversation's next voice query then never
+        lands in a long step.
         """
         cfg = self.config
         if cfg.step_policy is not StepPolicy.LATENCY or not self.cost_model.ready:
-            return None
-        if self._waiting.count(Priority.INTERACTIVE) or any(
-            s.priority is Priority.INTERACTIVE for s in self._running
-        ):
+            return None, False
+        # One pass: is interactive work here at all, and is any of it still prefilling?
+        present = prefill = bool(self._waiting.count(Priority.INTERACTIVE))
+        for seq in () if prefill else self._running:
+            if seq.priority is Priority.INTERACTIVE:
+                present = True
+                if seq.num_tokens - seq.num_computed_tokens > 1:
+                    prefill = True
+                    break
+        if present:
             self._last_interactive = now
         if now - self._last_interactive > cfg.interactive_hold_seconds:
-            return None
-        return cfg.interactive_step_seconds
+            return None, False
+        return cfg.interactive_step_seconds, prefill
 
     def _schedule_prefills(self, prefilling: list[Sequence], step: _Step) -> None:
         """Give the rest of the budget to running prefills and waiting sequences, in order."""
