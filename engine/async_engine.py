@@ -84,24 +84,22 @@ class _TakeBlockMap:
             num_preemptions=sched.num_preemptions,
         )
 
-        def resolve() -> None:
-            if not self.future.done():  # the caller may have given up
-                self.future.set_result(block_map)
-
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(resolve)
+        _settle(self.loop, self.future, block_map)
 
 
-def _settle(
-    loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], err: BaseException | None
+def _settle[T](
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[T],
+    result: T,
+    err: BaseException | None = None,
 ) -> None:
-    """From another thread: finish ``future`` on its loop, unless it was cancelled or closed."""
+    """From another thread: finish ``future`` on its loop, unless its caller gave up."""
 
     def settle() -> None:
-        if future.done():
+        if future.done():  # cancelled: the caller gave up
             return
         if err is None:
-            future.set_result(None)
+            future.set_result(result)
         else:
             future.set_exception(err)
 
@@ -169,7 +167,7 @@ class AsyncEngine:
             engine = self._build(progress)
         except BaseException as err:
             self._thread = None
-            _settle(loop, built, err)
+            _settle(loop, built, None, err)
             return
         self._engine = engine
         self._snapshot = engine.metrics()
@@ -368,13 +366,11 @@ class AsyncEngine:
         assert engine is not None
         last_snapshot = last_publish = 0.0
         dirty = unpublished = False
-        idle = True
         try:
             while not self._stopping:
                 self._wakeup.clear()
                 self._drain(engine)
                 if not engine.has_unfinished():
-                    idle = True
                     # Going idle refreshes the readable figures at once; pushes keep to the
                     # rate limit. While idle the throughput window still drains, so keep
                     # refreshing until it reads 0.
@@ -391,18 +387,18 @@ class AsyncEngine:
                             unpublished, wait = False, PUBLISH_INTERVAL_S
                     self._wakeup.wait(timeout=wait)
                     continue
+                first = not dirty  # the idle branch clears dirty: this step follows idle
                 for out in engine.step():
                     self._deliver(out)
                 dirty = True
                 now = time.monotonic()
-                if idle or now - last_snapshot >= SNAPSHOT_INTERVAL_S:
+                if first or now - last_snapshot >= SNAPSHOT_INTERVAL_S:
                     self._snapshot = engine.metrics()
                     last_snapshot = now
                     unpublished = True
                 # The first step after idle is pushed at once: a voice answer can be over
                 # within the rate limit's second, and the sensors would never show it.
-                if idle or now - last_publish >= PUBLISH_INTERVAL_S:
-                    idle = False
+                if first or now - last_publish >= PUBLISH_INTERVAL_S:
                     self._publish()
                     last_publish = now
                     unpublished = False
