@@ -146,14 +146,20 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         self._snapshot = MetricsSnapshot(engine_state=EngineState.LOADING)
         built: asyncio.Future[None] = loop.create_future()
-        self._thread = threading.Thread(
+        thread = threading.Thread(
             target=self._main, args=(loop, built, progress), name="paged-llm-engine", daemon=True
         )
-        self._thread.start()
+        self._thread = thread
+        thread.start()
         try:
-            await built  # a failed load raises here; its thread has ended
+            await built
         except asyncio.CancelledError:
             self._stopping = True  # the thread ends once the load is done
+            raise
+        except BaseException:
+            # The load failed: its thread is ending; let it finish before reporting.
+            self._thread = None
+            await loop.run_in_executor(None, thread.join)
             raise
 
     def _main(
@@ -166,7 +172,6 @@ class AsyncEngine:
         try:
             engine = self._build(progress)
         except BaseException as err:
-            self._thread = None
             _settle(loop, built, None, err)
             return
         self._engine = engine
