@@ -14,10 +14,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import aiohttp
 import pytest
 from test_e2e_hass import CONFIGURATION as E2E_CONFIGURATION
-from test_e2e_hass import HomeAssistantProcess, running_home_assistant
+from test_e2e_hass import HomeAssistantProcess, authenticated_websocket, running_home_assistant
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("PAGED_LLM_CHROMIUM") or shutil.which("chromium")
@@ -121,13 +120,7 @@ def _grid(page: Page) -> str:
 
 async def ws_messages(base: str, token: str, command: dict[str, Any], count: int) -> list[Any]:
     """Send one websocket command as an authenticated user; return the next ``count`` replies."""
-    async with (
-        aiohttp.ClientSession() as session,
-        session.ws_connect(base + "/api/websocket") as ws,
-    ):
-        await ws.receive_json()
-        await ws.send_json({"type": "auth", "access_token": token})
-        assert (await ws.receive_json())["type"] == "auth_ok"
+    async with authenticated_websocket(base, token) as ws:
         await ws.send_json({"id": 1, **command})
         return [await ws.receive_json() for _ in range(count)]
 
@@ -188,6 +181,7 @@ def test_card_shows_the_pool_moving_in_chromium(
         idle = _legend(page)
         assert idle["interactive"] + idle["automation"] + idle["background"] == 0
 
+        burst = f"script.{provisioner.BURST_SCRIPT}"
         grids: set[str] = set()
         busy_legends: list[dict[str, int]] = []
         # With the tiny model a burst can be over within two of the card's pushes (0.5 s
@@ -196,7 +190,7 @@ def test_card_shows_the_pool_moving_in_chromium(
             status, body = hass.request(
                 "POST",
                 "/api/services/script/turn_on",
-                {"entity_id": f"script.{provisioner.BURST_SCRIPT}"},
+                {"entity_id": burst},
             )
             assert status == 200, body
             seen_busy = False
@@ -214,9 +208,8 @@ def test_card_shows_the_pool_moving_in_chromium(
                     page.wait_for_timeout(100)
             if len(grids - {idle_grid}) >= 2:
                 break
-            script = f"script.{provisioner.BURST_SCRIPT}"
             quiet_by = time.monotonic() + 60
-            while hass.states()[script]["state"] == "on" and time.monotonic() < quiet_by:
+            while hass.states()[burst]["state"] == "on" and time.monotonic() < quiet_by:
                 page.wait_for_timeout(200)  # the next burst starts once this one is done
         assert busy_legends, "the card never showed a held block during the burst"
         # The grid moved while the burst ran: two moments, two different pictures.
@@ -230,11 +223,9 @@ def test_card_shows_the_pool_moving_in_chromium(
         # Quiet again: the legend equals the engine's own map, taken on its thread.
         def settled() -> dict[str, int]:
             for _ in range(60):
-                states = hass.states()
-                script = states[f"script.{provisioner.BURST_SCRIPT}"]["state"]
                 legend = _legend(page)
                 used = legend["interactive"] + legend["automation"] + legend["background"]
-                if script == "off" and used == 0:
+                if hass.states()[burst]["state"] == "off" and used == 0:
                     return legend
                 page.wait_for_timeout(500)
             pytest.fail("the burst did not finish")

@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -274,6 +274,21 @@ def _create_entry(hass: HomeAssistantProcess, model: str) -> dict[str, Any]:
     return result
 
 
+@contextlib.asynccontextmanager
+async def authenticated_websocket(
+    base: str, token: str
+) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    """Home Assistant's websocket API, signed in with ``token``."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(base + "/api/websocket") as ws,
+    ):
+        await ws.receive_json()
+        await ws.send_json({"type": "auth", "access_token": token})
+        assert (await ws.receive_json())["type"] == "auth_ok"
+        yield ws
+
+
 async def _record_states(
     hass: HomeAssistantProcess,
     seen: dict[str, list[float]],
@@ -281,13 +296,8 @@ async def _record_states(
     done: threading.Event,
 ) -> None:
     """Append each new state of the entities in ``seen`` until ``done``, over the websocket."""
-    async with (
-        aiohttp.ClientSession() as session,
-        session.ws_connect(hass.base + "/api/websocket") as ws,
-    ):
-        await ws.receive_json()
-        await ws.send_json({"type": "auth", "access_token": hass.token})
-        assert (await ws.receive_json())["type"] == "auth_ok"
+    assert hass.token is not None
+    async with authenticated_websocket(hass.base, hass.token) as ws:
         await ws.send_json({"id": 1, "type": "subscribe_events", "event_type": "state_changed"})
         assert (await ws.receive_json())["success"]
         listening.set()
