@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -145,19 +146,20 @@ class LlamaServer:
         ]  # fmt: skip
         self.command.append("--kv-unified" if unified else "--no-kv-unified")
         self.process: subprocess.Popen[bytes] | None = None
+        # Its log goes to a file: a pipe nobody reads fills up (64 KiB) and stalls it.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in __exit__)
 
     def __enter__(self) -> LlamaServer:
         """Start the server and wait for /health (loading takes a few seconds)."""
         import urllib.request
 
-        self.process = subprocess.Popen(
-            self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode()[-2000:] if self.process.stderr else ""
-                raise RuntimeError(f"llama-server exited ({self.process.returncode}): {err}")
+                raise RuntimeError(
+                    f"llama-server exited ({self.process.returncode}): {self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
                     if reply.status == 200:
@@ -167,10 +169,19 @@ class LlamaServer:
         raise RuntimeError("llama-server did not become healthy within 120 s")
 
     def __exit__(self, *exc: object) -> None:
-        """Stop the server."""
+        """Stop the server; a failure inside shows the end of its log."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=30)
+        if exc[0] is not None:
+            print(f"llama-server log, last lines:\n{self.log_tail()}", file=sys.stderr)
+        self.log.close()
+
+    def log_tail(self, size: int = 2000) -> str:
+        """The last ``size`` bytes of the server's log."""
+        self.log.seek(0, 2)
+        self.log.seek(max(0, self.log.tell() - size))
+        return self.log.read().decode(errors="replace")
 
     @property
     def url(self) -> str:
