@@ -42,7 +42,8 @@ class SchedulerConfig:
     may use, so a voice query finds room however much background work holds.
     ``interactive_step_seconds`` is the step time budget of the latency policy; it holds
     for ``interactive_hold_seconds`` after the last interactive request too, because a
-    voice query that arrives during a full-budget step waits for that step to end.
+    voice query that arrives during a full-budget step waits for that step to end. It
+    also bounds a run of steps that interactive prefill takes alone.
     """
 
     max_num_seqs: int = 32

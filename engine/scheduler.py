@@ -83,9 +83,11 @@ class Scheduler:
     starves). A step in which interactive prefill waits (running or queued) is theirs
     alone: other classes' decodes and prefills sit it out, so a voice query's first token
     costs about what it costs on an idle engine (should the interactive request not start
-    after all, the others lose that one step). Admission looks the prefix up once
-    (``get_computed_blocks``), then ``allocate_slots`` takes it or fails; the first
-    waiting sequence that cannot start ends admissions for the step (no overtaking).
+    after all, the others lose that one step). Such focus steps in a row stop once they
+    have lasted ``interactive_step_seconds``: then everyone runs one step. Admission looks
+    the prefix up once (``get_computed_blocks``), then ``allocate_slots`` takes it or
+    fails; the first waiting sequence that cannot start ends admissions for the step (no
+    overtaking).
     """
 
     def __init__(
@@ -109,6 +111,8 @@ class Scheduler:
         self.cost_model = StepCostModel()
         # When interactive work last ran or waited (the latency policy's hold).
         self._last_interactive = -math.inf
+        # When the current run of focus steps began (None: the last step was not one).
+        self._focus_since: float | None = None
         # The shape and start time of the step between schedule() and update().
         self._measuring: tuple[StepShape, float] | None = None
         self.num_preemptions = 0
@@ -243,9 +247,9 @@ class Scheduler:
         """The time budget for other classes' prefill, and whether the step is a focus step.
 
         None means the token budget rules; a focus step (interactive prefill waits) runs
-        interactive work alone. The budget holds while interactive work runs or waits and for
-        ``interactive_hold_seconds`` after: a conversation's next voice query then never
-        lands in a long step.
+        interactive work alone, for at most one budget's time in a row. The budget holds
+        while interactive work runs or waits and for ``interactive_hold_seconds`` after: a
+        conversation's next voice query then never lands in a long step.
         """
         cfg = self.config
         if cfg.step_policy is not StepPolicy.LATENCY or not self.cost_model.ready:
@@ -261,8 +265,17 @@ class Scheduler:
         if present:
             self._last_interactive = now
         if now - self._last_interactive > cfg.interactive_hold_seconds:
+            self._focus_since = None
             return None, False
-        return cfg.interactive_step_seconds, prefill
+        seconds = cfg.interactive_step_seconds
+        # Focus steps in a row end once they have lasted one budget; the others then run a
+        # step, so a stream of voice queries or one long voice prompt cannot stall them.
+        if not prefill or (self._focus_since is not None and now - self._focus_since >= seconds):
+            self._focus_since = None
+            return seconds, False
+        if self._focus_since is None:
+            self._focus_since = now
+        return seconds, True
 
     def _schedule_prefills(self, prefilling: list[Sequence], step: _Step) -> None:
         """Give the rest of the budget to running prefills and waiting sequences, in order."""
