@@ -71,6 +71,39 @@ def unsupported_feature(config: Any) -> str | None:
     return None
 
 
+def exact_context(config: Any) -> tuple[int, str]:
+    """The longest sequence the engine runs exactly, and a phrase naming what sets it.
+
+    Usually the model's context. LongRoPE (Phi-3.5, Phi-4-mini) is the exception: past its
+    original context transformers switches every position's rotary frequencies by the
+    longest sequence in a forward pass, so the answer would depend on what shares the step
+    and on how the prompt was chunked; the engine stops short of that point instead.
+    ("dynamic" RoPE changes only past the model's context, which bounds every model.)
+    """
+    context = int(getattr(config, "max_position_embeddings", None) or 2048)
+    for params in _rope_parameter_sets(config):
+        if params.get("rope_type", params.get("type")) != "longrope":
+            continue
+        original = params.get("original_max_position_embeddings") or getattr(
+            config, "original_max_position_embeddings", None
+        )
+        if original and int(original) < context:
+            return int(original), (
+                f"{int(original)} tokens, past which the model's longrope RoPE scaling changes "
+                "its rotary frequencies with the sequence length (not run exactly)"
+            )
+    return context, f"the model's context of {context} tokens"
+
+
+def _rope_parameter_sets(config: Any) -> list[dict[str, Any]]:
+    """The RoPE settings of a config: one dict, or one per layer type (Gemma 3)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return []
+    nested = [value for value in params.values() if isinstance(value, dict)]
+    return nested or [params]
+
+
 def check_supported(config: Any) -> None:
     """Raise UnsupportedModelError naming the feature when the engine cannot run the model."""
     feature = unsupported_feature(config)

@@ -52,10 +52,7 @@ def plan_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
     else:
         max_len = config.max_model_len
     if max_len > loaded.max_model_len:
-        raise KVBudgetError(
-            f"max_model_len {max_len} is beyond the model's context of "
-            f"{loaded.max_model_len} tokens"
-        )
+        raise KVBudgetError(f"max_model_len {max_len} is beyond {loaded.context_limit}")
     if capacity < max_len:
         need = cdiv(max_len, config.block_size) * per_block
         raise KVBudgetError(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .architectures import check_supported
+from .architectures import check_supported, exact_context
 from .config import DEFAULT_MODEL, EngineConfig
 from .errors import ModelLoadError
 from .quant import Q4Weight, WeightFormat, quantize_model, unpack_gguf_q4
@@ -37,6 +37,8 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     max_model_len: int
+    # What sets max_model_len, for errors: "the model's context of N tokens" or the like.
+    context_limit: str
     eos_token_ids: tuple[int, ...]
     weights: str = "float"
 
@@ -236,13 +238,15 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         raise ModelLoadError(f"could not load model {source!r}: {err}") from err
     model.to(device)
     model.eval()
+    max_model_len, context_limit = exact_context(model.config)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
         name=source,
         device=device,
         dtype=dtype,
-        max_model_len=int(getattr(model.config, "max_position_embeddings", 2048)),
+        max_model_len=max_model_len,
+        context_limit=context_limit,
         eos_token_ids=eos_token_ids(model, tokenizer),
         weights=weights,
     )

@@ -71,6 +71,22 @@ def tiny_config(arch: str = "llama", vocab_size: int = 49152) -> Any:
         from transformers import Phi3Config
 
         return Phi3Config(sliding_window=24, tie_word_embeddings=False, **common)
+    if arch == "phi3_longrope":  # Phi-3.5's LongRoPE: other frequencies past 64 tokens
+        from transformers import Phi3Config
+
+        half = common["hidden_size"] // common["num_attention_heads"] // 2
+        return Phi3Config(
+            sliding_window=None,
+            tie_word_embeddings=False,
+            original_max_position_embeddings=64,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0] * half,
+                "long_factor": [4.0 + i for i in range(half)],
+            },
+            **common,
+        )
     if arch == "qwen3":  # q/k norms, explicit head_dim
         from transformers import Qwen3Config
 
@@ -133,6 +149,7 @@ def make_loaded(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from paged_llm.engine.architectures import exact_context
     from paged_llm.engine.config import EngineConfig
     from paged_llm.engine.loader import LoadedModel
 
@@ -142,13 +159,15 @@ def make_loaded(
     settings: dict[str, Any] = {"kv_budget": 8 * 2**20, "max_model_len": 1024, "dtype": dtype}
     settings.update(overrides)
     config = EngineConfig(model=f"tiny-{arch}", device="cpu", **settings)
+    max_model_len, context_limit = exact_context(model.config)
     loaded = LoadedModel(
         model=model,
         tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir()),
         name=f"tiny-{arch}",
         device=torch.device("cpu"),
         dtype=torch_dtype,
-        max_model_len=4096,
+        max_model_len=max_model_len,
+        context_limit=context_limit,
         eos_token_ids=(2,),
     )
     return loaded, config

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from transformers import (
     BloomConfig,
     Gemma3TextConfig,
@@ -14,12 +15,13 @@ from transformers import (
     T5Config,
 )
 
-from paged_llm.engine.architectures import check_supported, unsupported_feature
+from paged_llm.engine.architectures import check_supported, exact_context, unsupported_feature
 from paged_llm.engine.config import EngineConfig
-from paged_llm.engine.errors import ModelLoadError, UnsupportedModelError
+from paged_llm.engine.errors import KVBudgetError, ModelLoadError, UnsupportedModelError
 from paged_llm.engine.loader import load_model
+from paged_llm.engine.sequence import SamplingParams
 
-from support import tiny_config
+from support import make_engine, tiny_config
 
 REFUSED = [
     (BloomConfig(n_layer=1, hidden_size=32, n_head=2), "ALiBi"),
@@ -54,6 +56,7 @@ def test_refused_models_name_the_feature(config: Any, feature: str, tmp_path: Pa
         "mistral",
         "mistral_window",
         "phi3_window",
+        "phi3_longrope",
         "gemma2",
         "gemma3",
     ],
@@ -62,3 +65,36 @@ def test_every_tested_architecture_is_accepted(arch: str) -> None:
     config = tiny_config(arch, 512)
     assert unsupported_feature(config) is None
     check_supported(config)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_model_runs_exactly_to_the_end_of_its_context(arch: str) -> None:
+    assert exact_context(tiny_config(arch, 512)) == (4096, "the model's context of 4096 tokens")
+
+
+def test_longrope_runs_only_within_its_original_context_and_there_exactly() -> None:
+    # Past 64 tokens transformers switches every position's frequencies to the long factors
+    # when any sequence in the forward pass is that long: a 20-token prompt sharing a step
+    # with a 100-token one then got other tokens than alone.
+    limit, why = exact_context(tiny_config("phi3_longrope", 512))
+    assert limit == 64
+    assert "longrope" in why
+    with pytest.raises(KVBudgetError, match=r"beyond 64 tokens, past which .* longrope"):
+        make_engine("phi3_longrope", max_model_len=100)
+    engine = make_engine("phi3_longrope", max_model_len=None, max_num_batched_tokens=32)
+    assert engine.max_model_len == 64
+    prompts = [[(7 * i + 11 * n) % 500 + 3 for i in range(n)] for n in (40, 20, 9)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, request_id=str(i))
+    got: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id].extend(out.token_ids)
+    model = engine.loaded.model
+    model.set_attn_implementation("sdpa")
+    for i, prompt in enumerate(prompts):
+        ref = model.generate(
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None
+        )
+        assert got[str(i)] == ref[0, len(prompt) :].tolist()
