@@ -61,11 +61,16 @@ def cpu_supports_bf16() -> bool:
         return False
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """Pick the dtype: on ``auto`` the fastest correct one for the device.
+def resolve_dtype(name: str, device: torch.device, weights: str = "auto") -> torch.dtype:
+    """Pick the dtype; on ``auto`` the one that keeps the model's own answers where it can.
 
-    bf16 on CUDA cards that support it (fp16 otherwise); on CPUs with native bf16 matrix
-    instructions bf16 runs faster than fp32 (measured in docs/performance.md), elsewhere fp32.
+    On a CPU that is float32: only there do a request's greedy tokens equal transformers'
+    whatever else shares its steps (bf16 rounding differs with the batch's shape, and
+    changed single requests' answers on tiny models). bf16 stays a choice: half the
+    memory, and faster one-at-a-time decoding on some CPUs (docs/performance.md). With
+    4-bit or 8-bit weights, whose answers differ anyway, ``auto`` takes bf16 where the CPU
+    has it, as torch's quantized kernels are fast only there. On GPUs bf16 (fp16 on older
+    cards), as float32 would double the memory of models that need a GPU.
     """
     if name != "auto":
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
@@ -73,7 +78,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         ]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    quantized = weights in (WeightFormat.Q4, WeightFormat.Q8)
+    return torch.bfloat16 if quantized and cpu_supports_bf16() else torch.float32
 
 
 def bundled_gguf_path(name: str) -> Path:
@@ -206,7 +212,7 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     """
     _quiet_progress_bars()
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+    dtype = resolve_dtype(config.dtype, device, config.weights)
     source = config.model.strip() or DEFAULT_MODEL
     gguf: Path | None = None
     try:

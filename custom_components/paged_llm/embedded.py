@@ -418,7 +418,8 @@ class EmbeddedBackend:
         if loaded.model is None:
             return
         device = resolve_device(config.device)
-        if device != loaded.device or resolve_dtype(config.dtype, device) != loaded.dtype:
+        dtype = resolve_dtype(config.dtype, device, config.weights)
+        if device != loaded.device or dtype != loaded.dtype:
             return
         plan_kv_pool(config, loaded)
 

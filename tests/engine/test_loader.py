@@ -59,10 +59,15 @@ def test_folder_without_a_model_is_named(tmp_path: Path) -> None:
         load_model(EngineConfig(model=str(tmp_path), device="cpu"))
 
 
-def test_auto_dtype_prefers_bf16_where_the_cpu_has_it() -> None:
+def test_auto_dtype_is_float32_on_a_cpu_unless_the_weights_are_quantized() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) == torch.float32
+    assert resolve_dtype("auto", cpu, "float") == torch.float32
+    # 4-bit answers differ anyway; torch's int4 kernel is fast only with bf16 activations.
     expected = torch.bfloat16 if cpu_supports_bf16() else torch.float32
-    assert resolve_dtype("auto", torch.device("cpu")) == expected
-    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
+    assert resolve_dtype("auto", cpu, "q4") == expected
+    assert resolve_dtype("bfloat16", cpu, "q4") == torch.bfloat16
+    assert resolve_dtype("float16", cpu) == torch.float16
 
 
 def test_cuda_requested_without_a_gpu_is_a_clear_error() -> None:
