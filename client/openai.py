@@ -75,7 +75,7 @@ def chat_request(
     tools: Sequence[Mapping[str, Any]] | None = None,
     response_format: Mapping[str, Any] | None = None,
     stream: bool = True,
-    repetition_penalty: float = 1.0,
+    repetition_penalty: float | None = None,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
 ) -> dict[str, Any]:
@@ -93,8 +93,8 @@ def chat_request(
         "stop": list(stop) or None,
         "priority": priority,
         "response_format": dict(response_format) if response_format else None,
-        # Sent only when they do something: not every server knows repetition_penalty.
-        "repetition_penalty": repetition_penalty if repetition_penalty != 1.0 else None,
+        # Unsent, the server applies the model's own (this engine and vLLM both do).
+        "repetition_penalty": repetition_penalty,
         "frequency_penalty": frequency_penalty or None,
         "presence_penalty": presence_penalty or None,
     }

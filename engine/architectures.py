@@ -104,9 +104,44 @@ def _rope_parameter_sets(config: Any) -> list[dict[str, Any]]:
     return nested or [params]
 
 
-def check_supported(config: Any) -> None:
+# Generation settings that change transformers' greedy tokens, with the value that turns
+# each off. A model's generation_config may set them; generate() then applies them even
+# with do_sample=False. The engine implements repetition_penalty (the model's value is its
+# default, see loader.default_repetition_penalty) and refuses a model that sets another.
+_GREEDY_SETTINGS: dict[str, object] = {
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0,
+    "bad_words_ids": None,
+    "sequence_bias": None,
+    "min_length": 0,
+    "min_new_tokens": 0,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "exponential_decay_length_penalty": None,
+    "guidance_scale": 1.0,
+    "watermarking_config": None,
+    "num_beams": 1,
+    "penalty_alpha": None,
+    "dola_layers": None,
+}
+
+
+def unsupported_generation_setting(generation_config: Any) -> str | None:
+    """Name a generation_config setting that changes greedy tokens and the engine lacks."""
+    for name, off in _GREEDY_SETTINGS.items():
+        value = getattr(generation_config, name, None)
+        if value is None or value == off or value in ([], {}, ()):
+            continue
+        return f"the generation setting {name}={value!r} (from the model's generation_config)"
+    return None
+
+
+def check_supported(config: Any, generation_config: Any = None) -> None:
     """Raise UnsupportedModelError naming the feature when the engine cannot run the model."""
-    feature = unsupported_feature(config)
+    feature = unsupported_feature(config) or unsupported_generation_setting(generation_config)
     if feature is not None:
         supported = ", ".join(sorted(SUPPORTED_MODEL_TYPES))
         raise UnsupportedModelError(

@@ -6,6 +6,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -128,6 +129,8 @@ class LLMEngine:
             raise RequestRejected(
                 "invalid_token", f"the prompt has token ids outside 0..{vocab - 1}"
             )
+        if params.repetition_penalty is None:
+            params = replace(params, repetition_penalty=self.loaded.repetition_penalty)
         if request_id is None:
             self._next_id += 1
             request_id = f"req-{self._next_id}"

@@ -41,6 +41,8 @@ class LoadedModel:
     context_limit: str
     eos_token_ids: tuple[int, ...]
     weights: str = "float"
+    # A request that sets no repetition penalty gets this (the model's generation_config).
+    repetition_penalty: float = 1.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -234,7 +236,7 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         else:
             # A Hugging Face id: from the local cache when offline, else downloaded once.
             model, tokenizer = _load_folder(source, dtype, local_only=False)
-        check_supported(model.config)
+        check_supported(model.config, getattr(model, "generation_config", None))
         weights = apply_weights(
             model, WeightFormat(config.weights), dtype, device, gguf, config.cache_dir
         )
@@ -255,6 +257,7 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         context_limit=context_limit,
         eos_token_ids=eos_token_ids(model, tokenizer),
         weights=weights,
+        repetition_penalty=default_repetition_penalty(model),
     )
 
 
@@ -361,6 +364,18 @@ def gguf_q4_weights(gguf: Path, model: Any) -> dict[str, Q4Weight]:
         codes, scale, zero = (torch.from_numpy(np.ascontiguousarray(p.weights)) for p in parts)
         out[mapping[name]] = Q4Weight(codes, scale, zero)
     return out
+
+
+def default_repetition_penalty(model: Any) -> float:
+    """The model's own repetition penalty (Qwen2.5 sets 1.05-1.1), else 1 (off).
+
+    transformers' generate applies it even to greedy decoding, and vLLM makes it the
+    default of a request that sets none; so does this engine.
+    """
+    value = getattr(getattr(model, "generation_config", None), "repetition_penalty", None)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return 1.0
+    return float(value)
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ from .sequence import SamplingParams, Sequence
 def has_penalties(params: SamplingParams) -> bool:
     """Whether any penalty of ``params`` changes logits."""
     return (
-        params.repetition_penalty != 1.0
+        params.repetition_penalty not in (None, 1.0)
         or params.frequency_penalty != 0.0
         or params.presence_penalty != 0.0
     )
@@ -59,7 +59,7 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     picked = [seqs[i] for i in rows]
     sub = logits[rows].float()
     output_counts = _counts([s.output_token_ids for s in picked], vocab, dev)
-    rep = torch.tensor([s.params.repetition_penalty for s in picked], device=dev).unsqueeze(1)
+    rep = torch.tensor([s.params.repetition_penalty or 1.0 for s in picked], device=dev)[:, None]
     if bool((rep != 1.0).any()):
         seen = _counts([s.prompt_token_ids for s in picked], vocab, dev) > 0
         seen |= output_counts > 0

@@ -99,7 +99,8 @@ class SamplingParams:
     regex: str | None = None
     grammar: str | None = None
     structural_tag: str | Mapping[str, Any] | None = None
-    repetition_penalty: float = 1.0
+    # None: the model's own (its generation_config's, else 1: off).
+    repetition_penalty: float | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
 
@@ -193,11 +194,13 @@ class SamplingParams:
         """Reject penalties outside the ranges vLLM and OpenAI accept, naming the field."""
         for name in ("repetition_penalty", "frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
+            if value is None and name == "repetition_penalty":
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InvalidSamplingParams(f"{name} must be a number, got {value!r}")
             if not math.isfinite(value):
                 raise InvalidSamplingParams(f"{name} must be finite, got {value}")
-        if self.repetition_penalty <= 0:
+        if self.repetition_penalty is not None and self.repetition_penalty <= 0:
             raise InvalidSamplingParams(
                 f"repetition_penalty must be > 0 (1 turns it off), got {self.repetition_penalty}"
             )

@@ -41,7 +41,7 @@ class GenerationRequest:
     priority: PriorityClass = DEFAULT_PRIORITY
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float | None = None  # None: the model's own
     ignore_eos: bool = False
 
 
@@ -163,7 +163,8 @@ def _common(body: dict[str, Any], request: GenerationRequest) -> None:
             raise bad_field("priority", str(err)) from None
     request.presence_penalty = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
     request.frequency_penalty = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
-    request.repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.01, 10.0)
+    if body.get("repetition_penalty") is not None:
+        request.repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.01, 10.0)
     ignore_eos = body.get("ignore_eos", False)  # vLLM's extension, for benchmarks
     if not isinstance(ignore_eos, bool):
         raise bad_field("ignore_eos", f"must be true or false, got {ignore_eos!r}")

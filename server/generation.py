@@ -115,7 +115,7 @@ def sampling_params(
     for name, neutral in (
         ("presence_penalty", 0.0),
         ("frequency_penalty", 0.0),
-        ("repetition_penalty", 1.0),
+        ("repetition_penalty", None),
     ):
         value = getattr(request, name)
         if name in fields:

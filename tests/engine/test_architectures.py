@@ -15,7 +15,12 @@ from transformers import (
     T5Config,
 )
 
-from paged_llm.engine.architectures import check_supported, exact_context, unsupported_feature
+from paged_llm.engine.architectures import (
+    check_supported,
+    exact_context,
+    unsupported_feature,
+    unsupported_generation_setting,
+)
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.errors import KVBudgetError, ModelLoadError, UnsupportedModelError
 from paged_llm.engine.loader import load_model
@@ -98,3 +103,21 @@ def test_longrope_runs_only_within_its_original_context_and_there_exactly() -> N
             torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None
         )
         assert got[str(i)] == ref[0, len(prompt) :].tolist()
+
+
+def test_generation_settings_that_change_greedy_tokens_are_refused() -> None:
+    from transformers import GenerationConfig
+
+    # What transformers' generate applies with do_sample=False; the engine has none of it.
+    config = tiny_config("llama", 512)
+    for setting in ({"no_repeat_ngram_size": 3}, {"num_beams": 4}, {"suppress_tokens": [5]}):
+        with pytest.raises(UnsupportedModelError, match=next(iter(setting))) as caught:
+            check_supported(config, GenerationConfig(**setting))
+        assert "generation_config" in caught.value.feature
+    # Explicitly off, sampling-only settings and the repetition penalty are fine.
+    neutral = GenerationConfig(
+        no_repeat_ngram_size=0, num_beams=1, min_length=0, temperature=0.7, top_p=0.8,
+        repetition_penalty=1.1,
+    )  # fmt: skip
+    assert unsupported_generation_setting(neutral) is None
+    check_supported(config, neutral)

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import random
+import shutil
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
+from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.errors import InvalidSamplingParams
+from paged_llm.engine.llm_engine import LLMEngine
+from paged_llm.engine.loader import load_model
 from paged_llm.engine.penalties import apply_penalties
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 
@@ -30,7 +36,7 @@ def reference(row: torch.Tensor, s: Sequence) -> torch.Tensor:
     for token in range(len(out)):
         value = float(out[token])
         if token in seen:
-            r = p.repetition_penalty
+            r = p.repetition_penalty or 1.0  # None: the model's own, 1 for these
             value = value / r if value > 0 else value * r
         count = s.output_token_ids.count(token)
         value -= p.frequency_penalty * count
@@ -132,3 +138,34 @@ def test_seeded_penalised_request_is_the_same_alone_or_batched() -> None:
     ]
     batched = run(make_engine(), [*others, ("s", seeded)])["s"]
     assert alone == batched
+
+
+def test_a_request_without_a_repetition_penalty_gets_the_models_own(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Qwen2.5's generation_config sets one; transformers applies it to greedy decoding."""
+    from transformers import GenerationConfig
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    GenerationConfig(bos_token_id=1, eos_token_id=2, repetition_penalty=1.6).save_pretrained(folder)
+    config = EngineConfig(model=str(folder), device="cpu", dtype="float32", kv_budget=8 * 2**20)
+    loaded = load_model(config)
+    assert loaded.repetition_penalty == 1.6
+    engine = LLMEngine(loaded, config)
+    prompt = [random.Random(5).randrange(3, 2000) for _ in range(20)]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    engine.add_request(prompt, greedy, request_id="own")
+    engine.add_request(prompt, replace(greedy, repetition_penalty=1.0), request_id="off")
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
+    model = loaded.model
+    model.set_attn_implementation("sdpa")
+    for rid, extra in (("own", {}), ("off", {"repetition_penalty": 1.0})):
+        ids = model.generate(
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, **extra
+        )
+        assert tokens[rid] == ids[0, len(prompt) :].tolist(), rid
+    assert tokens["own"] != tokens["off"]
