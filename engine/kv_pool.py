@@ -2,30 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
-import torch
-
 from .config import EngineConfig
 from .errors import KVBudgetError
 from .loader import LoadedModel
+from .memory import available_memory
 from .model_runner import kv_bytes_per_block
 from .utils import cdiv
-
-
-def available_memory(device: torch.device) -> int:
-    """Bytes free for the KV pool on ``device`` right now (after the weights are loaded)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
 
 # With max_model_len unset, a pool smaller than this many tokens is an error at start.
 AUTO_MIN_MODEL_LEN = 2048

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -17,6 +18,7 @@ import torch
 from .architectures import check_supported, exact_context
 from .config import DEFAULT_MODEL, EngineConfig
 from .errors import ModelLoadError
+from .memory import fit_dtype
 from .quant import Q4Weight, WeightFormat, quantize_model, unpack_gguf_q4
 
 _LOGGER = logging.getLogger(__name__)
@@ -148,20 +150,26 @@ def _conversion_progress(progress: Progress | None) -> Iterator[None]:
         gguf_utils.tqdm = original  # type: ignore[attr-defined]
 
 
+# Picks the dtype to load a model in from its config (memory.fit_dtype, bound to settings).
+DtypeFit = Callable[[Any], torch.dtype]
+
+
 def _load_gguf(
-    gguf: Path, dtype: torch.dtype, cache_dir: Path | None, progress: Progress | None = None
-) -> tuple[Any, Any]:
+    gguf: Path, fit: DtypeFit, dtype: torch.dtype, cache_dir: Path | None, progress: Progress | None
+) -> tuple[Any, Any, torch.dtype]:
     """Load a GGUF file as a dense model, converting it once into ``cache_dir`` when given.
 
     Parsing and dequantizing GGUF takes tens of seconds; the converted safetensors folder
-    loads in well under a second on later starts.
+    loads in well under a second on later starts. ``dtype`` is the one asked for; ``fit``
+    may choose another when the weights would not fit in memory.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     if cache_dir is not None:
         folder = _gguf_cache_folder(gguf, cache_dir, dtype)
         if (folder / "config.json").is_file():
-            return _load_folder(str(folder), dtype, local_only=True)
+            return _load_folder(str(folder), fit, local_only=True)
+    dtype = fit(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name))
     _LOGGER.info("Converting %s (this takes a while the first time)", gguf)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # Without a published GGUF matmul kernel the packed weights would be unpacked at every
@@ -174,22 +182,25 @@ def _load_gguf(
             quantization_config=GgufConfig(dequantize=True),
         )
     if cache_dir is not None:
+        folder = _gguf_cache_folder(gguf, cache_dir, dtype)
         tmp = folder.with_name(folder.name + ".partial")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, folder)
-    return model, tokenizer
+    return model, tokenizer, dtype
 
 
-def _load_folder(source: str, dtype: torch.dtype, local_only: bool) -> tuple[Any, Any]:
-    """Load a model and tokenizer from a folder or a Hugging Face id."""
+def _load_folder(source: str, fit: DtypeFit, local_only: bool) -> tuple[Any, Any, torch.dtype]:
+    """Load a model and tokenizer from a folder or a Hugging Face id, in the dtype ``fit`` picks."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    # Refuse an unsupported model from its config, before its weights are read.
-    check_supported(AutoConfig.from_pretrained(source, local_files_only=local_only))
+    # Refuse an unsupported model, or one memory cannot hold, before its weights are read.
+    model_config = AutoConfig.from_pretrained(source, local_files_only=local_only)
+    check_supported(model_config)
+    dtype = fit(model_config)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only)
-    return model, tokenizer
+    return model, tokenizer, dtype
 
 
 def _quiet_progress_bars() -> None:
@@ -215,27 +226,30 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     _quiet_progress_bars()
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, config.weights)
+    # auto may halve float32 weights that memory cannot hold (answers may then differ).
+    fallback = torch.bfloat16 if config.dtype == "auto" and dtype == torch.float32 else None
+    fit = functools.partial(fit_dtype, dtype=dtype, device=device, fallback=fallback)
     source = config.model.strip() or DEFAULT_MODEL
     gguf: Path | None = None
     try:
         if source.startswith(BUNDLED_PREFIX):
             gguf = bundled_gguf_path(source.removeprefix(BUNDLED_PREFIX))
-            model, tokenizer = _load_gguf(gguf, dtype, config.cache_dir, progress)
+            model, tokenizer, dtype = _load_gguf(gguf, fit, dtype, config.cache_dir, progress)
         elif source.endswith(".gguf"):
             gguf = Path(source).expanduser()
             if not gguf.is_file():
                 raise ModelLoadError(f"GGUF file {source} does not exist")
-            model, tokenizer = _load_gguf(gguf, dtype, config.cache_dir, progress)
+            model, tokenizer, dtype = _load_gguf(gguf, fit, dtype, config.cache_dir, progress)
         elif source.startswith(("/", "~", ".")) or Path(source).expanduser().exists():
             path = Path(source).expanduser()
             if not path.is_dir():
                 raise ModelLoadError(f"model folder {source} does not exist")
             if not (path / "config.json").is_file():
                 raise ModelLoadError(f"folder {source} holds no model (config.json is missing)")
-            model, tokenizer = _load_folder(str(path), dtype, local_only=True)
+            model, tokenizer, dtype = _load_folder(str(path), fit, local_only=True)
         else:
             # A Hugging Face id: from the local cache when offline, else downloaded once.
-            model, tokenizer = _load_folder(source, dtype, local_only=False)
+            model, tokenizer, dtype = _load_folder(source, fit, local_only=False)
         check_supported(model.config, getattr(model, "generation_config", None))
         weights = apply_weights(
             model, WeightFormat(config.weights), dtype, device, gguf, config.cache_dir

@@ -12,6 +12,7 @@ from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import cpu_supports_bf16, load_model, resolve_dtype
+from paged_llm.engine.memory import RUNTIME_BYTES, weight_bytes
 from paged_llm.engine.sequence import SamplingParams
 
 from support import CACHE
@@ -109,3 +110,37 @@ def test_bundled_model_first_32_greedy_tokens_equal_generate() -> None:
             0, len(prompt) :
         ].tolist()
         assert got[str(i)] == ref, questions[i]
+
+
+def test_weight_bytes_are_counted_without_loading_the_weights(tiny_model_dir: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    count = sum(p.numel() for p in model.parameters())
+    assert weight_bytes(config, torch.float32) == 4 * count
+    assert weight_bytes(config, torch.bfloat16) == 2 * count
+
+
+def free_memory_for(monkeypatch: pytest.MonkeyPatch, folder: Path, share: float) -> None:
+    """Pretend the free memory holds ``share`` of the float32 weights beside the runtime."""
+    from transformers import AutoConfig
+
+    need = weight_bytes(AutoConfig.from_pretrained(folder), torch.float32)
+    free = RUNTIME_BYTES + int(need * share)
+    monkeypatch.setattr("paged_llm.engine.memory.available_memory", lambda device: free)
+
+
+def test_auto_halves_float32_weights_that_memory_cannot_hold(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    free_memory_for(monkeypatch, tiny_model_dir, 0.75)
+    config = EngineConfig(model=str(tiny_model_dir), device="cpu")
+    assert load_model(config).dtype == torch.bfloat16
+    assert "loading them in bfloat16" in caplog.text
+    # Asked for float32 outright, the load is refused with the sizes before a weight is read.
+    with pytest.raises(ModelLoadError, match=r"need .* in float32 .* or dtype bfloat16"):
+        load_model(EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="float32"))
+    free_memory_for(monkeypatch, tiny_model_dir, 0.25)
+    with pytest.raises(ModelLoadError, match="choose a smaller model$"):
+        load_model(EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="bfloat16"))
