@@ -142,5 +142,5 @@ def test_auto_halves_float32_weights_that_memory_cannot_hold(
     with pytest.raises(ModelLoadError, match=r"need .* in float32 .* or dtype bfloat16"):
         load_model(EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="float32"))
     free_memory_for(monkeypatch, tiny_model_dir, 0.25)
-    with pytest.raises(ModelLoadError, match="choose a smaller model$"):
+    with pytest.raises(ModelLoadError, match=r"choose a smaller model$"):
         load_model(EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="bfloat16"))
