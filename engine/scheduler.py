@@ -15,6 +15,8 @@ from .sequence import FinishReason, Priority, Sequence, SequenceStatus
 from .step_cost import StepCostModel, StepShape
 
 RUNNING = SequenceStatus.RUNNING
+# Aging periods a waiting sequence that cannot start may be passed by higher classes.
+PASSING_AGING_PERIODS = 3
 
 
 @dataclass(slots=True)
@@ -59,8 +61,8 @@ class _Step:
     preempted_ids: set[str] = field(default_factory=set)
     # Set when running sequences outgrew the pool: admitting more now would thrash.
     pressure: bool = False
-    # Set once a prefill chunk of a class other than interactive is in the step.
-    other_prefill: bool = False
+    # Classes other than interactive that already have a prefill chunk in the step.
+    other_prefill: set[Priority] = field(default_factory=set)
     # Set while interactive prefill waits under the latency policy: the step is theirs.
     focus: bool = False
 
@@ -79,15 +81,17 @@ class Scheduler:
     while interactive work runs or waits (and ``interactive_hold_seconds`` after), other
     classes' prefill chunks are cut to fit ``interactive_step_seconds`` as predicted by a
     :class:`StepCostModel` learned from the time between ``schedule`` and ``update`` of
-    earlier steps (the first such chunk still gets one block, so other work never
-    starves). A step in which interactive prefill waits (running or queued) is theirs
-    alone: other classes' decodes and prefills sit it out, so a voice query's first token
-    costs about what it costs on an idle engine (should the interactive request not start
-    after all, the others lose that one step). Such focus steps in a row stop once they
-    have lasted ``interactive_step_seconds``: then everyone runs one step. Admission looks
-    the prefix up once (``get_computed_blocks``), then ``allocate_slots`` takes it or
-    fails; the first waiting sequence that cannot start ends admissions for the step (no
-    overtaking).
+    earlier steps (the first such chunk of each class still gets one block, so other work
+    never starves and an aged summary's prefill cannot hold automations out). A step in
+    which interactive prefill waits (running or queued) is theirs alone: other classes'
+    decodes and prefills sit it out, so a voice query's first token costs about what it
+    costs on an idle engine (should the interactive request not start after all, the
+    others lose that one step). Such focus steps in a row stop once they have lasted
+    ``interactive_step_seconds``: then everyone runs one step. Admission looks the prefix
+    up once (``get_computed_blocks``), then ``allocate_slots`` takes it or fails; a waiting
+    sequence that cannot start ends admissions for its base class and those below for the
+    step (no overtaking within a class); higher classes may pass it for a bounded time
+    (:meth:`_passing`).
     """
 
     def __init__(
@@ -283,7 +287,8 @@ class Scheduler:
         tickets = [self._tickets[seq.request_id] for seq in prefilling]
         tickets.extend(self._waiting.ordered(step.now))
         tickets.sort(key=lambda ticket: ticket.rank(step.now, aging))
-        admitting = True
+        # Base classes that may still start behind a waiting sequence that could not.
+        passing = len(Priority)
         for ticket in tickets:
             if step.budget == 0:
                 break
@@ -295,8 +300,21 @@ class Scheduler:
                 num_tokens = self._chunk_size(seq, start, seq.num_tokens - start, step)
                 if num_tokens and self._fit(seq, num_tokens, NO_HITS, step):
                     self._add_chunk(seq, num_tokens, step)
-            elif admitting:
-                admitting = self._admit(seq, step)
+            elif seq.priority < passing and not self._admit(seq, step):
+                passing = self._passing(ticket, passing, step)
+
+    def _passing(self, blocked: Ticket, passing: int, step: _Step) -> int:
+        """Return the bound below which base classes may still start behind ``blocked``.
+
+        An aged summary that waits for memory ranks with automations; were it to end
+        admissions, automations that could start (they are short) would queue behind it
+        for as long as the summaries before it hold the pool. Passing ends once it has
+        waited ``PASSING_AGING_PERIODS`` aging periods, so it cannot starve.
+        """
+        waited = step.now - blocked.since
+        if step.pressure or waited >= PASSING_AGING_PERIODS * self.config.aging_seconds:
+            return 0
+        return min(passing, int(blocked.seq.priority))
 
     def _chunk_size(self, seq: Sequence, start: int, left: int, step: _Step) -> int:
         """Tokens of a prefill chunk: the token budget, and for other classes the time one."""
@@ -306,12 +324,13 @@ class Scheduler:
         fits = self.cost_model.max_chunk(step.shape, start, step.seconds)
         block = self.kv_manager.block_size
         if fits < min(num_tokens, block):
-            # Over the budget already: the first other chunk still gets a block, so other
-            # work progresses even when a step of voice alone exceeds the budget.
-            if step.other_prefill:
+            # Over the budget already: each class's first chunk still gets a block, so its
+            # work progresses even when a step of voice alone exceeds the budget, and an
+            # automation still starts beside a summary that aging ranked before it.
+            if seq.priority in step.other_prefill:
                 return 0
             fits = block
-        step.other_prefill = True
+        step.other_prefill.add(seq.priority)
         return min(num_tokens, fits)
 
     def _admit(self, seq: Sequence, step: _Step) -> bool:

@@ -314,6 +314,44 @@ def test_aged_work_never_goes_before_an_interactive_request() -> None:
     assert ids(out) == ["bg"]  # aged to automation, and it came before a
 
 
+def summary_waiting_for_memory(clock: FakeClock) -> Scheduler:
+    """One summary holds 10 of 16 blocks; a second (8 blocks) waits for memory since t=0."""
+    sched = make_sched(num_blocks=16, clock=clock, aging_seconds=10.0)
+    sched.add(make_seq("summary-1", 160, 60, BG))
+    step(sched)
+    sched.add(make_seq("summary-2", 120, 4, BG))
+    return sched
+
+
+def test_an_automation_passes_an_aged_summary_that_waits_for_memory() -> None:
+    clock = FakeClock()
+    sched = summary_waiting_for_memory(clock)
+    clock.now = 15.0  # summary-2 has aged to the automation class, ahead of newer ones
+    sched.add(make_seq("a", 40, 4, AUT))
+    sched.add(make_seq("g", 20, 4, BG))  # fits too, but the same class does not pass
+    out, _ = step(sched)
+    assert ids(out) == ["summary-1", "a"]
+    assert sched.get("summary-2").status is SequenceStatus.WAITING
+    assert out.preempted == []
+
+
+def test_passing_a_summary_that_waits_for_memory_ends_after_three_aging_periods() -> None:
+    clock = FakeClock()
+    sched = summary_waiting_for_memory(clock)
+    clock.now = 30.0
+    sched.add(make_seq("a", 40, 4, AUT))
+    out, _ = step(sched)
+    assert ids(out) == ["summary-1"]  # now the automation waits its turn
+    first_step: dict[str, int] = {}
+    for n in range(200):
+        out, _ = step(sched)
+        for rid in ids(out):
+            first_step.setdefault(rid, n)
+        if not sched.has_unfinished():
+            break
+    assert first_step["summary-2"] <= first_step["a"]
+
+
 # --- chunked prefill --------------------------------------------------------------
 
 

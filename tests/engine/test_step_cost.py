@@ -202,6 +202,25 @@ def test_a_stream_of_voice_queries_cannot_stall_the_others() -> None:
     assert longest <= 2 * budget
 
 
+def test_an_automation_starts_beside_an_aged_summary_prefill_under_the_budget() -> None:
+    sched, timer = make("latency")
+    train(sched, timer)
+    sched.add(seq("doc", 8000, Priority.BACKGROUND, 4))
+    sched.add(seq("chat", 20, Priority.INTERACTIVE, 500))  # keeps the time budget on
+    for _ in range(3):
+        run_step(sched, timer)
+    timer.now += 2 * sched.config.aging_seconds  # the summary now ranks with automations
+    sched.add(seq("auto", 300, Priority.AUTOMATION, 20))
+    chunks, _ = run_step(sched, timer)
+    sizes = dict(chunks)
+    # The summary came first and took the step's time, yet the automation starts too.
+    assert sizes["doc"] > 16
+    assert sizes["auto"] == 16
+    while sched.get("auto").num_output_tokens == 0:  # type: ignore[union-attr]
+        chunks, _ = run_step(sched, timer)
+        assert "doc" in dict(chunks)  # and the summary keeps moving
+
+
 def test_fixed_policy_steps_run_everyone_with_voice() -> None:
     sched, timer = automation_running("fixed")
     sched.add(seq("voice", 40, Priority.INTERACTIVE, 30))
