@@ -244,19 +244,21 @@ def policy_section(data: dict[str, Any], runs: list[SystemRun]) -> list[str]:
             f"Latency policy step budget: {data.get('step_seconds', '?')} s.",
             "",
             "| system | interactive TTFT p50 / p95 | p95 vs idle | background tokens/s "
-            "| vs fixed | automation tokens/s | preemptions |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+            "| vs fixed | automation tokens/s | automation TTFT p50 / p95 | preemptions |",
+            "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |",
         ]
         fixed_bg = fixed.class_tokens_per_s("background")
         for r in engines:
-            m = r.per_class()["interactive"]
+            classes = r.per_class()
+            m = classes["interactive"]
             p95 = m["ttft_p95"]
             bg = r.class_tokens_per_s("background")
             lines.append(
                 f"| {r.name} | {span(m, 'ttft')} | "
                 f"{fmt(p95 / idle if p95 is not None and idle else None)}x | {bg:.1f} | "
                 f"{fmt(bg / fixed_bg if fixed_bg else None)}x | "
-                f"{r.class_tokens_per_s('automation'):.1f} | {r.preemptions} |"
+                f"{r.class_tokens_per_s('automation'):.1f} | "
+                f"{span(classes['automation'], 'ttft')} | {r.preemptions} |"
             )
     saturated = next((r for r in runs if "saturated" in r.name), None)
     seq = next((r for r in runs if "sequential" in r.name), None)
