@@ -13,7 +13,7 @@ from homeassistant.const import (
     Platform,
 )
 from homeassistant.core import Event, HomeAssistant
-from homeassistant.exceptions import ConfigEntryError, ConfigEntryNotReady
+from homeassistant.exceptions import ConfigEntryAuthFailed, ConfigEntryError, ConfigEntryNotReady
 from homeassistant.helpers import config_validation as cv
 from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
@@ -136,8 +136,8 @@ async def _async_start_remote(hass: HomeAssistant, entry: PagedLLMConfigEntry) -
     try:
         models = await client.models()
     except AuthenticationError as err:
-        # A wrong key does not fix itself: reconfigure the entry with the right one.
-        raise ConfigEntryError(
+        # A wrong key does not fix itself: Home Assistant asks the user for the new one.
+        raise ConfigEntryAuthFailed(
             translation_domain=DOMAIN,
             translation_key="server_auth_failed",
             translation_placeholders={"reason": str(err)},
@@ -173,6 +173,13 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
         try:
             return await backend.async_refresh_metrics()
         except BackendError as err:
+            if err.key == "server_auth_failed":
+                # The server's key changed while the entry ran: ask for the new one.
+                raise ConfigEntryAuthFailed(
+                    translation_domain=DOMAIN,
+                    translation_key=err.key,
+                    translation_placeholders={"reason": err.reason},
+                ) from err
             # The coordinator logs this once per outage and marks the sensors unavailable.
             raise UpdateFailed(
                 translation_domain=DOMAIN,

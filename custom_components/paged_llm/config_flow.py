@@ -657,6 +657,44 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             },
         )
 
+    async def async_step_reauth(self, entry_data: Mapping[str, Any]) -> ConfigFlowResult:
+        """The server refused the entry's API key: ask for the one it expects now."""
+        return await self.async_step_reauth_confirm()
+
+    async def async_step_reauth_confirm(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Check the new key against the server; the entry restarts with it."""
+        entry: PagedLLMConfigEntry = self._get_reauth_entry()
+        errors: dict[str, str] = {}
+        reason = ""
+        if user_input is not None:
+            data = {k: v for k, v in entry.data.items() if k != CONF_API_KEY}
+            if key := (user_input.get(CONF_API_KEY) or "").strip():
+                data[CONF_API_KEY] = key
+            try:
+                await server_client(self.hass, data).models()
+            except ClientError as err:
+                errors["base"], reason = client_error_key(err), str(err)
+            else:
+                return self.async_update_reload_and_abort(entry, data=data)
+        return self.async_show_form(
+            step_id="reauth_confirm",
+            data_schema=probatio.Schema(
+                {
+                    probatio.Optional(CONF_API_KEY): TextSelector(
+                        TextSelectorConfig(type=TextSelectorType.PASSWORD)
+                    )
+                }
+            ),
+            errors=errors,
+            description_placeholders={
+                "url": entry.data[CONF_URL],
+                "model": entry.data[CONF_MODEL],
+                "reason": reason,
+            },
+        )
+
     @callback
     @override
     def async_remove(self) -> None:

@@ -125,6 +125,15 @@ def _sensor(hass: HomeAssistant, entry: MockConfigEntry, key: str) -> str:
     return state.state
 
 
+async def _generate_a_token(hass: HomeAssistant) -> None:
+    """Run the generate action once; the entry must answer with a token."""
+    response = await hass.services.async_call(
+        DOMAIN, "generate", {"prompt": "Hi", "max_tokens": 2}, blocking=True, return_response=True
+    )
+    assert response is not None
+    assert response["completion_tokens"] >= 1
+
+
 async def _start_server_flow(hass: HomeAssistant) -> dict[str, Any]:
     result = await hass.config_entries.flow.async_init(
         DOMAIN, context={"source": config_entries.SOURCE_USER}
@@ -308,60 +317,70 @@ async def test_conversation_task_actions_and_sensors_through_the_server(
     assert snapshot.prompt_tokens_total > 0
 
 
-async def test_server_stopped_and_restarted_under_home_assistant(
-    hass: HomeAssistant,
-    ha_core: None,
-    tiny_model_dir: Path,
-    conversation_options: dict[str, Any],
-    ai_task_options: dict[str, Any],
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+@pytest.fixture
+def own_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
+    """A server for one test, which may stop it, restart it or change its key."""
     server = ServerProcess(tiny_model_dir, api_key=API_KEY)
     server.start()
-    try:
-        entry = _entry(hass, server, conversation_options, ai_task_options)
-        assert await hass.config_entries.async_setup(entry.entry_id)
-        await hass.async_block_till_done()
-        coordinator = entry.runtime_data.coordinator
-        agent = _agent(hass, entry, "conversation")
-        assert hass.states.get(agent).state != STATE_UNAVAILABLE
+    yield server
+    server.stop()
 
-        server.stop()
-        caplog.clear()
-        for _ in range(3):
-            await coordinator.async_refresh()
-        await hass.async_block_till_done()
-        assert _sensor(hass, entry, "running_requests") == STATE_UNAVAILABLE
-        assert hass.states.get(agent).state == STATE_UNAVAILABLE
-        warnings = [
-            r
-            for r in caplog.records
-            if r.levelno >= logging.WARNING and r.name.startswith("custom_components.paged_llm")
-        ]
-        assert len(warnings) == 1, [r.getMessage() for r in warnings]
-        with pytest.raises(HomeAssistantError) as err:
-            await hass.services.async_call(
-                DOMAIN, "generate", {"prompt": "Hi"}, blocking=True, return_response=True
-            )
-        assert err.value.translation_key in {"engine_dead", "server_unreachable"}
 
-        server.start()
-        await coordinator.async_refresh()
-        await hass.async_block_till_done()
-        assert _sensor(hass, entry, "running_requests") == "0"
-        assert hass.states.get(agent).state != STATE_UNAVAILABLE
-        response = await hass.services.async_call(
-            DOMAIN,
-            "generate",
-            {"prompt": "Hi", "max_tokens": 2},
-            blocking=True,
-            return_response=True,
-        )
-        assert response is not None
-        assert response["completion_tokens"] >= 1
+@pytest.fixture
+async def own_entry(
+    hass: HomeAssistant,
+    ha_core: None,
+    own_server: ServerProcess,
+    conversation_options: dict[str, Any],
+    ai_task_options: dict[str, Any],
+) -> AsyncGenerator[MockConfigEntry]:
+    """An entry set up against the test's own server; unloaded afterwards if still loaded."""
+    entry = _entry(hass, own_server, conversation_options, ai_task_options)
+    assert await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    yield entry
+    if entry.state is ConfigEntryState.LOADED:
         assert await hass.config_entries.async_unload(entry.entry_id)
-    finally:
-        server.stop()
+        await hass.async_block_till_done()
+
+
+async def test_server_stopped_and_restarted_under_home_assistant(
+    hass: HomeAssistant,
+    own_server: ServerProcess,
+    own_entry: MockConfigEntry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server, entry = own_server, own_entry
+    coordinator = entry.runtime_data.coordinator
+    agent = _agent(hass, entry, "conversation")
+    assert hass.states.get(agent).state != STATE_UNAVAILABLE
+
+    server.stop()
+    caplog.clear()
+    for _ in range(3):
+        await coordinator.async_refresh()
+    await hass.async_block_till_done()
+    assert _sensor(hass, entry, "running_requests") == STATE_UNAVAILABLE
+    assert hass.states.get(agent).state == STATE_UNAVAILABLE
+    warnings = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("custom_components.paged_llm")
+    ]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    with pytest.raises(HomeAssistantError) as err:
+        await hass.services.async_call(
+            DOMAIN, "generate", {"prompt": "Hi"}, blocking=True, return_response=True
+        )
+    assert err.value.translation_key in {"engine_dead", "server_unreachable"}
+
+    server.start()
+    await coordinator.async_refresh()
+    await hass.async_block_till_done()
+    assert _sensor(hass, entry, "running_requests") == "0"
+    assert hass.states.get(agent).state != STATE_UNAVAILABLE
+    await _generate_a_token(hass)
+    assert await hass.config_entries.async_unload(entry.entry_id)
 
 
 async def test_without_torch_the_server_choice_still_works(
@@ -432,3 +451,45 @@ async def test_a_server_that_offers_no_models_is_a_form_error(
         assert str(port) in result["description_placeholders"]["reason"]
     finally:
         await runner.cleanup()
+
+
+async def test_a_key_the_server_no_longer_takes_is_asked_for_again(
+    hass: HomeAssistant, own_server: ServerProcess, own_entry: MockConfigEntry
+) -> None:
+    """The server's key changes while the entry runs, then at a restart: reauth both times."""
+    server, entry = own_server, own_entry
+    server.stop()
+    server.api_key = "rotated-key"
+    server.start()
+    await entry.runtime_data.coordinator.async_refresh()
+    await hass.async_block_till_done()
+    flows = hass.config_entries.flow.async_progress_by_handler(DOMAIN)
+    assert [flow["context"]["source"] for flow in flows] == ["reauth"]
+    flow_id = flows[0]["flow_id"]
+    result = await hass.config_entries.flow.async_configure(flow_id, {"api_key": API_KEY})
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "reauth_confirm"
+    assert result["errors"] == {"base": "invalid_auth"}
+    result = await hass.config_entries.flow.async_configure(flow_id, {"api_key": " rotated-key "})
+    assert result["type"] is FlowResultType.ABORT
+    assert result["reason"] == "reauth_successful"
+    await hass.async_block_till_done()
+    assert entry.data["api_key"] == "rotated-key"
+    assert entry.state is ConfigEntryState.LOADED
+    await _generate_a_token(hass)
+
+    # A key refused at setup fails the entry and asks as well.
+    assert await hass.config_entries.async_unload(entry.entry_id)
+    hass.config_entries.async_update_entry(entry, data={**entry.data, "api_key": "old"})
+    assert not await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    assert entry.state is ConfigEntryState.SETUP_ERROR
+    flows = hass.config_entries.flow.async_progress_by_handler(DOMAIN)
+    assert [flow["context"]["source"] for flow in flows] == ["reauth"]
+    result = await hass.config_entries.flow.async_configure(
+        flows[0]["flow_id"], {"api_key": "rotated-key"}
+    )
+    assert result["reason"] == "reauth_successful"
+    await hass.async_block_till_done()
+    assert entry.state is ConfigEntryState.LOADED
+    assert await hass.config_entries.async_unload(entry.entry_id)
