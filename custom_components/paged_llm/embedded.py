@@ -408,7 +408,7 @@ class EmbeddedBackend:
         dtype; otherwise the check is left to the restart.
         """
         from paged_llm.engine.errors import EngineDeadError
-        from paged_llm.engine.llm_engine import plan_kv_pool
+        from paged_llm.engine.kv_pool import plan_kv_pool
         from paged_llm.engine.loader import resolve_device, resolve_dtype
 
         try:
