@@ -1,4 +1,4 @@
-"""The asyncio face of the engine: one stepping thread, streamed deltas, pushed metrics."""
+"""The asyncio face of the engine: turns on the step thread, streamed deltas, pushed metrics."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from .loader import LoadedModel, load_model
 from .metrics import EngineState, MetricsSnapshot
 from .outputs import RequestOutput
 from .sequence import FinishReason, Priority, SamplingParams
+from .step_thread import STEP_THREAD
 from .validation import check_params, check_priority, check_prompt, check_request_id, check_tools
 
 _LOGGER = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def _settle[T](
 
 
 class AsyncEngine:
-    """Hosts an LLMEngine in a background thread and serves many asyncio consumers.
+    """Hosts an LLMEngine on the process's step thread and serves many asyncio consumers.
 
     ``async for out in engine.generate(...)`` streams RequestOutput deltas; leaving the
     loop early or cancelling the task aborts the request and frees its KV blocks.
@@ -119,9 +120,12 @@ class AsyncEngine:
         self.config = config
         self._loaded = loaded
         self._engine: LLMEngine | None = None
-        self._thread: threading.Thread | None = None
+        # The thread that loads the model; it ends before the engine takes turns.
+        self._loader: threading.Thread | None = None
+        self._attached = False
+        # Held during a turn on the step thread: stop() waits for the one under way.
+        self._turn_lock = threading.Lock()
         self._commands: queue.SimpleQueue[_Add | _Abort | _TakeBlockMap] = queue.SimpleQueue()
-        self._wakeup = threading.Event()
         self._stopping = False
         self._error: BaseException | None = None
         self._streams: dict[str, _Stream] = {}
@@ -130,45 +134,53 @@ class AsyncEngine:
         self._subscribers: list[
             tuple[asyncio.AbstractEventLoop, Callable[[MetricsSnapshot], None]]
         ] = []
+        # Between turns: when the snapshot was last taken and pushed, and whether steps
+        # ran since the last idle turn or a snapshot waits to be pushed.
+        self._last_snapshot = self._last_publish = 0.0
+        self._dirty = self._unpublished = False
 
     # Life cycle -------------------------------------------------------------------------
 
     async def start(self, progress: Callable[[float], None] | None = None) -> None:
-        """Start the engine thread; it loads the model and the pool, then steps.
+        """Load the model and the pool on a thread of their own, then take turns stepping.
 
-        Loading and stepping share one thread on purpose. torch's OpenMP runtime (libgomp)
-        gives every thread that runs parallel ops a worker pool of its own, and while more
-        pool threads live than there are cores its workers stop spinning between parallel
-        regions: a model loaded in an executor thread left the engine thread decoding one
-        request at 18 tokens/s instead of 33 on 2 cores. ``progress`` is called from the
-        engine thread with the done fraction of a conversion.
+        The loading thread ends before the first step: torch's OpenMP runtime (libgomp)
+        keeps a worker pool for every live thread that ran parallel ops, and a second pool
+        on 2 cores halves decode speed (a model loaded in an executor thread, which lives
+        on, left one request decoding at 18 tokens/s instead of 33). A thread that has
+        ended takes its pool with it. ``progress`` is called from the loading thread with
+        the done fraction of a conversion.
         """
         loop = asyncio.get_running_loop()
         self._snapshot = MetricsSnapshot(engine_state=EngineState.LOADING)
         built: asyncio.Future[None] = loop.create_future()
-        thread = threading.Thread(
-            target=self._main, args=(loop, built, progress), name="paged-llm-engine", daemon=True
+        loader = threading.Thread(
+            target=self._load, args=(loop, built, progress), name="paged-llm-load", daemon=True
         )
-        self._thread = thread
-        thread.start()
+        self._loader = loader
+        loader.start()
         try:
             await built
+            await loop.run_in_executor(None, loader.join)
         except asyncio.CancelledError:
-            self._stopping = True  # the thread ends once the load is done
+            self._stopping = True  # stop() waits for the load, then frees what it built
             raise
         except BaseException:
-            # The load failed: its thread is ending; let it finish before reporting.
-            self._thread = None
-            await loop.run_in_executor(None, thread.join)
+            self._loader = None
+            await loop.run_in_executor(None, loader.join)
             raise
+        self._loader = None
+        if not self._stopping:  # stop() during the load: it frees what was built
+            self._attached = True
+            STEP_THREAD.attach(self)
 
-    def _main(
+    def _load(
         self,
         loop: asyncio.AbstractEventLoop,
         built: asyncio.Future[None],
         progress: Callable[[float], None] | None,
     ) -> None:
-        """The engine thread: build the engine, report to ``start``, then step until stopped."""
+        """The loading thread: build the engine and report to ``start``."""
         try:
             engine = self._build(progress)
         except BaseException as err:
@@ -177,7 +189,6 @@ class AsyncEngine:
         self._engine = engine
         self._snapshot = engine.metrics()
         _settle(loop, built, None)
-        self._run()
 
     def _build(self, progress: Callable[[float], None] | None = None) -> LLMEngine:
         """Blocking part of start: load weights, size and allocate the KV pool."""
@@ -186,12 +197,19 @@ class AsyncEngine:
         return LLMEngine(loaded, self.config)
 
     async def stop(self) -> None:
-        """Stop the thread, fail what is pending, and free the model and the pool."""
+        """Leave the step thread, fail what is pending, and free the model and the pool."""
         self._stopping = True
-        self._wakeup.set()
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
-            self._thread = None
+        loop = asyncio.get_running_loop()
+        loader, self._loader = self._loader, None
+        if loader is not None:
+            await loop.run_in_executor(None, loader.join)
+        if self._attached:
+            ending = STEP_THREAD.detach(self)
+            await loop.run_in_executor(None, self._wait_for_turn)
+            if ending is not None:
+                # The last engine: its thread (and the OpenMP pool) is gone when stop returns.
+                await loop.run_in_executor(None, STEP_THREAD.wait_ended, ending)
+            self._attached = False
         self._fail_all(EngineDeadError("the engine is stopped"))
         engine, self._engine = self._engine, None
         if engine is not None:
@@ -205,14 +223,19 @@ class AsyncEngine:
             prompt_throughput=0.0,
         )
 
+    def _wait_for_turn(self) -> None:
+        """Block until a turn under way on the step thread has ended."""
+        with self._turn_lock:
+            pass
+
     @property
     def is_running(self) -> bool:
-        """Whether the stepping thread is alive and healthy."""
-        return self._thread is not None and self._thread.is_alive() and self._error is None
+        """Whether the engine takes turns on the step thread and has not failed."""
+        return self._attached and self._error is None
 
     @property
     def error(self) -> BaseException | None:
-        """The exception that killed the stepping thread, if one did."""
+        """The exception that ended the engine's turns, if one did."""
         return self._error
 
     @property
@@ -230,7 +253,7 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine failed: {self._error}") from self._error
         if self._stopping:
             raise EngineDeadError("the engine is stopped")
-        if self._engine is None or self._thread is None:
+        if self._engine is None or not self._attached:
             raise EngineDeadError("the engine is not running")
 
     async def generate(
@@ -272,7 +295,7 @@ class AsyncEngine:
                 )
             self._streams[request_id] = stream
         self._commands.put(_Add(request_id, token_ids, params, priority, arrival))
-        self._wakeup.set()
+        STEP_THREAD.wake()
         finished = False
         completion_tokens = 0
         try:
@@ -318,7 +341,7 @@ class AsyncEngine:
             stream.aborted = True
             stream.put(None)
         self._commands.put(_Abort(request_id))
-        self._wakeup.set()
+        STEP_THREAD.wake()
 
     # Metrics ----------------------------------------------------------------------------
 
@@ -332,7 +355,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         command = _TakeBlockMap(loop, loop.create_future())
         self._commands.put(command)
-        self._wakeup.set()
+        STEP_THREAD.wake()
         while True:
             try:
                 return await asyncio.wait_for(asyncio.shield(command.future), 1.0)
@@ -363,55 +386,62 @@ class AsyncEngine:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(callback, self._snapshot)
 
-    # The stepping thread ----------------------------------------------------------------
+    # Turns on the step thread ----------------------------------------------------------
 
-    def _run(self) -> None:
-        """Step while there is work; sleep on the wake-up event when idle."""
-        engine = self._engine
-        assert engine is not None
-        last_snapshot = last_publish = 0.0
-        dirty = unpublished = False
-        try:
-            while not self._stopping:
-                self._wakeup.clear()
-                self._drain(engine)
-                if not engine.has_unfinished():
-                    # Going idle refreshes the readable figures at once; pushes keep to the
-                    # rate limit. While idle the throughput window still drains, so keep
-                    # refreshing until it reads 0.
-                    snap = self._snapshot
-                    if dirty or snap.generation_throughput > 0 or snap.prompt_throughput > 0:
-                        self._snapshot = engine.metrics()
-                        dirty, unpublished = False, True
-                    wait = PUBLISH_INTERVAL_S
-                    if unpublished:
-                        wait = last_publish + PUBLISH_INTERVAL_S - time.monotonic()
-                        if wait <= 0:
-                            self._publish()
-                            last_publish = time.monotonic()
-                            unpublished, wait = False, PUBLISH_INTERVAL_S
-                    self._wakeup.wait(timeout=wait)
-                    continue
-                first = not dirty  # the idle branch clears dirty: this step follows idle
-                for out in engine.step():
-                    self._deliver(out)
-                dirty = True
-                now = time.monotonic()
-                if first or now - last_snapshot >= SNAPSHOT_INTERVAL_S:
-                    self._snapshot = engine.metrics()
-                    last_snapshot = now
-                    unpublished = True
-                # The first step after idle is pushed at once: a voice answer can be over
-                # within the rate limit's second, and the sensors would never show it.
-                if first or now - last_publish >= PUBLISH_INTERVAL_S:
-                    self._publish()
-                    last_publish = now
-                    unpublished = False
-        except BaseException as err:
-            _LOGGER.exception("The engine's step loop crashed")
-            self._error = err
-            self._snapshot = replace(self._snapshot, engine_state=EngineState.UNLOADED)
-            self._fail_all(EngineDeadError(f"the engine failed: {err}"))
+    def turn(self) -> float | None:
+        """Apply commands and run at most one step; seconds until the next turn is due.
+
+        None once the engine is stopping or has crashed: the step thread drops it.
+        """
+        with self._turn_lock:
+            engine = self._engine
+            if self._stopping or self._error is not None or engine is None:
+                return None
+            try:
+                return self._turn(engine)
+            except BaseException as err:
+                _LOGGER.exception("The engine's step loop crashed")
+                self._error = err
+                self._snapshot = replace(self._snapshot, engine_state=EngineState.UNLOADED)
+                self._fail_all(EngineDeadError(f"the engine failed: {err}"))
+                return None
+
+    def _turn(self, engine: LLMEngine) -> float:
+        """One turn: step when there is work, else keep the idle figures fresh."""
+        self._drain(engine)
+        if not engine.has_unfinished():
+            # Going idle refreshes the readable figures at once; pushes keep to the rate
+            # limit. While idle the throughput window still drains, so keep refreshing
+            # until it reads 0.
+            snap = self._snapshot
+            if self._dirty or snap.generation_throughput > 0 or snap.prompt_throughput > 0:
+                self._snapshot = engine.metrics()
+                self._dirty, self._unpublished = False, True
+            if not self._unpublished:
+                return PUBLISH_INTERVAL_S
+            wait = self._last_publish + PUBLISH_INTERVAL_S - time.monotonic()
+            if wait > 0:
+                return wait
+            self._publish()
+            self._last_publish = time.monotonic()
+            self._unpublished = False
+            return PUBLISH_INTERVAL_S
+        first = not self._dirty  # the idle turn clears dirty: this step follows idle
+        for out in engine.step():
+            self._deliver(out)
+        self._dirty = True
+        now = time.monotonic()
+        if first or now - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
+            self._snapshot = engine.metrics()
+            self._last_snapshot = now
+            self._unpublished = True
+        # The first step after idle is pushed at once: a voice answer can be over within
+        # the rate limit's second, and the sensors would never show it.
+        if first or now - self._last_publish >= PUBLISH_INTERVAL_S:
+            self._publish()
+            self._last_publish = now
+            self._unpublished = False
+        return 0.0
 
     def _drain(self, engine: LLMEngine) -> None:
         """Apply queued adds and aborts; a rejected add fails only its own stream."""

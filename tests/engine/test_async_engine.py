@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -224,32 +225,43 @@ async def test_idle_engine_reports_zero_throughput_once_the_window_passes(monkey
         await engine.stop()
 
 
-async def test_the_model_loads_on_the_thread_that_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    # One thread for all torch work: a second thread's OpenMP pool halves decode speed.
+async def test_engines_step_on_one_thread_after_their_loaders_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One live thread for torch work: a second thread's OpenMP pool halves decode speed.
     loaded, config = make_loaded(vocab_size=49152)
-    threads: list[str] = []
+    loaders: list[threading.Thread] = []
 
     def load(cfg: object, progress: object = None) -> object:
-        threads.append(threading.current_thread().name)
+        loaders.append(threading.current_thread())
         return loaded
 
     monkeypatch.setattr("paged_llm.engine.async_engine.load_model", load)
-    engine = AsyncEngine(config)
-    await engine.start()
+    engines = [AsyncEngine(config), AsyncEngine(config)]
+    for engine in engines:
+        await engine.start()
     try:
-        steps: list[str] = []
-        step = engine.engine.step
+        assert len(loaders) == 2
+        assert not any(thread.is_alive() for thread in loaders)
+        steppers: set[threading.Thread] = set()
+        for engine in engines:
+            step = engine.engine.step
 
-        def traced_step() -> object:
-            steps.append(threading.current_thread().name)
-            return step()
+            def traced_step(step: Callable[[], object] = step) -> object:
+                steppers.add(threading.current_thread())
+                return step()
 
-        monkeypatch.setattr(engine.engine, "step", traced_step)
-        await collect(engine, "Hi", SamplingParams(max_tokens=2, ignore_eos=True))
-        assert threads == ["paged-llm-engine"]
-        assert set(steps) == {"paged-llm-engine"}
+            monkeypatch.setattr(engine.engine, "step", traced_step)
+        params = SamplingParams(max_tokens=4, ignore_eos=True)
+        await asyncio.gather(*(collect(engine, "Hi", params) for engine in engines))
+        assert [thread.name for thread in steppers] == ["paged-llm-engine"]
+        (stepper,) = steppers
     finally:
-        await engine.stop()
+        for engine in engines:
+            await engine.stop()
+    # With the last engine gone the step thread ends, and its pool with it.
+    stepper.join(timeout=5)
+    assert not stepper.is_alive()
 
 
 async def test_a_failed_load_raises_from_start_and_ends_the_thread(
