@@ -388,16 +388,25 @@ class AsyncEngine:
 
     # Turns on the step thread ----------------------------------------------------------
 
-    def turn(self) -> float | None:
+    def serves_interactive(self) -> bool:
+        """Whether an interactive request waits or runs here (read on the step thread)."""
+        engine = self._engine
+        return engine is not None and engine.scheduler.has_interactive()
+
+    def turn(self, interactive_elsewhere: bool = False) -> float | None:
         """Apply commands and run at most one step; seconds until the next turn is due.
 
-        None once the engine is stopping or has crashed: the step thread drops it.
+        ``interactive_elsewhere``: another engine of the process serves a voice request,
+        so this one keeps its steps within the latency budget. None once the engine is
+        stopping or has crashed: the step thread drops it.
         """
         with self._turn_lock:
             engine = self._engine
             if self._stopping or self._error is not None or engine is None:
                 return None
             try:
+                if interactive_elsewhere:
+                    engine.scheduler.note_interactive_elsewhere()
                 return self._turn(engine)
             except BaseException as err:
                 _LOGGER.exception("The engine's step loop crashed")

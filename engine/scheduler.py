@@ -152,6 +152,20 @@ class Scheduler:
         """Count waiting sequences per base priority class."""
         return self._waiting.counts()
 
+    def has_interactive(self) -> bool:
+        """Whether an interactive request waits or runs."""
+        if self._waiting.count(Priority.INTERACTIVE):
+            return True
+        return any(seq.priority is Priority.INTERACTIVE for seq in self._running)
+
+    def note_interactive_elsewhere(self) -> None:
+        """Interactive work runs on another engine of the process: hold the step budget.
+
+        Engines share the cores and take turns, so this engine's long steps delay the
+        other's voice answer as much as its own; its focus steps stay its own business.
+        """
+        self._last_interactive = self._clock()
+
     def has_unfinished(self) -> bool:
         """Whether any sequence is waiting or running."""
         return bool(self._seqs)

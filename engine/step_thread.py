@@ -12,11 +12,17 @@ IDLE_WAIT_S = 1.0
 class Steppable(Protocol):
     """What the step thread drives: an engine that does one turn of work at a time."""
 
-    def turn(self) -> float | None:
+    def serves_interactive(self) -> bool:
+        """Whether an interactive request waits or runs on this engine."""
+        ...
+
+    def turn(self, interactive_elsewhere: bool) -> float | None:
         """Do what is pending (commands, at most one step).
 
-        Returns the seconds until the engine wants its next turn (0: at once), or None
-        when it is done (stopped or crashed) and should be dropped.
+        ``interactive_elsewhere`` says another engine serves an interactive request, so
+        this one should keep its steps short. Returns the seconds until the engine wants
+        its next turn (0: at once), or None when it is done (stopped or crashed) and should
+        be dropped.
         """
         ...
 
@@ -29,8 +35,9 @@ class StepThread:
     between parallel regions. With one thread per engine, a second engine in the process,
     even an idle one, halved the first one's decode speed on 2 cores (15 instead of 29
     tokens/s). Engines take turns a step at a time, so each waits at most one step of
-    the others. The thread ends when the last engine leaves (its pool goes with it) and
-    starts again with the next one.
+    the others, and while one serves a voice request the others keep their steps within
+    the latency budget. The thread ends when the last engine leaves (its pool goes with
+    it) and starts again with the next one.
     """
 
     def __init__(self) -> None:
@@ -94,7 +101,8 @@ class StepThread:
                     return
             wait = IDLE_WAIT_S
             for engine in engines:
-                due = engine.turn()
+                elsewhere = any(o is not engine and o.serves_interactive() for o in engines)
+                due = engine.turn(elsewhere)
                 if due is None:
                     self.detach(engine)
                 else:

@@ -221,6 +221,21 @@ def test_an_automation_starts_beside_an_aged_summary_prefill_under_the_budget() 
         assert "doc" in dict(chunks)  # and the summary keeps moving
 
 
+def test_voice_on_another_engine_keeps_this_engines_steps_within_the_budget() -> None:
+    sched, timer = make("latency")
+    train(sched, timer)
+    sched.add(seq("doc", 8000, Priority.BACKGROUND, 4))
+    chunks, _ = run_step(sched, timer)
+    assert chunks == [("doc", 512)]  # no voice anywhere: the whole token budget
+    sched.note_interactive_elsewhere()
+    chunks, cost = run_step(sched, timer)
+    assert 0 < chunks[0][1] < 512
+    assert cost <= 0.05 * 1.02
+    timer.now += sched.config.interactive_hold_seconds + 0.1  # the voice is long gone
+    chunks, _ = run_step(sched, timer)
+    assert chunks == [("doc", 512)]
+
+
 def test_fixed_policy_steps_run_everyone_with_voice() -> None:
     sched, timer = automation_running("fixed")
     sched.add(seq("voice", 40, Priority.INTERACTIVE, 30))
