@@ -113,6 +113,14 @@ def _gguf_cache_folder(gguf: Path, cache_dir: Path, dtype: torch.dtype) -> Path:
     return cache_dir / f"{gguf.stem}-{digest}"
 
 
+def _converted(gguf: Path, cache_dir: Path | None, dtype: torch.dtype) -> Path | None:
+    """The folder an earlier start converted ``gguf`` into in ``dtype``, if it is kept."""
+    if cache_dir is None:
+        return None
+    folder = _gguf_cache_folder(gguf, cache_dir, dtype)
+    return folder if (folder / "config.json").is_file() else None
+
+
 Progress = Callable[[float], None]
 
 
@@ -165,11 +173,13 @@ def _load_gguf(
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    if cache_dir is not None:
-        folder = _gguf_cache_folder(gguf, cache_dir, dtype)
-        if (folder / "config.json").is_file():
-            return _load_folder(str(folder), fit, local_only=True)
-    dtype = fit(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name))
+    converted = _converted(gguf, cache_dir, dtype)
+    if converted is None:
+        # Memory may pick another dtype, whose conversion an earlier start may have kept.
+        dtype = fit(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name))
+        converted = _converted(gguf, cache_dir, dtype)
+    if converted is not None:
+        return _load_folder(str(converted), fit, local_only=True)
     _LOGGER.info("Converting %s (this takes a while the first time)", gguf)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # Without a published GGUF matmul kernel the packed weights would be unpacked at every

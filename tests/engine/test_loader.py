@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -11,7 +12,14 @@ import torch
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import cpu_supports_bf16, load_model, resolve_dtype
+from paged_llm.engine.loader import (
+    BUNDLED_PREFIX,
+    _gguf_cache_folder,
+    bundled_gguf_path,
+    cpu_supports_bf16,
+    load_model,
+    resolve_dtype,
+)
 from paged_llm.engine.memory import RUNTIME_BYTES, weight_bytes
 from paged_llm.engine.sequence import SamplingParams
 
@@ -144,3 +152,23 @@ def test_auto_halves_float32_weights_that_memory_cannot_hold(
     free_memory_for(monkeypatch, tiny_model_dir, 0.25)
     with pytest.raises(ModelLoadError, match=r"choose a smaller model$"):
         load_model(EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="bfloat16"))
+
+
+def test_a_conversion_kept_in_the_fallback_dtype_is_found_on_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An earlier start could not hold float32 weights and converted in bfloat16; stand in
+    # for that conversion with the float32 one of the test cache, under the bfloat16 key.
+    cache = CACHE / "converted"
+    gguf = bundled_gguf_path(DEFAULT_MODEL.removeprefix(BUNDLED_PREFIX))
+    float32 = _gguf_cache_folder(gguf, cache, torch.float32)
+    if not (float32 / "config.json").is_file():
+        load_model(
+            EngineConfig(model=DEFAULT_MODEL, device="cpu", dtype="float32", cache_dir=cache)
+        )
+    _gguf_cache_folder(gguf, tmp_path, torch.bfloat16).symlink_to(float32)
+    free_memory_for(monkeypatch, float32, 0.75)
+    caplog.set_level(logging.INFO, logger="paged_llm.engine.loader")
+    loaded = load_model(EngineConfig(model=DEFAULT_MODEL, device="cpu", cache_dir=tmp_path))
+    assert loaded.dtype == torch.bfloat16
+    assert "Converting" not in caplog.text
