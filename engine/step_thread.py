@@ -84,12 +84,6 @@ class StepThread:
         """Give every engine a turn now: one of them has new work."""
         self._wakeup.set()
 
-    @property
-    def num_engines(self) -> int:
-        """Engines attached now."""
-        with self._lock:
-            return len(self._engines)
-
     def _main(self) -> None:
         """Turn the engines until none is left; sleep until one is due or woken."""
         while True:
