@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +16,23 @@ from typing import Any
 
 import torch
 
+from paged_llm.kernels import cpu_quant
+
 from .architectures import check_supported, exact_context
 from .config import DEFAULT_MODEL, EngineConfig
 from .errors import ModelLoadError
 from .memory import fit_dtype
-from .quant import Q4Weight, WeightFormat, quantize_model, unpack_gguf_q4
+from .quant import (
+    GroupWeight,
+    Q4Float32Linear,
+    Q4Weight,
+    Q8Float32Linear,
+    Q8Weight,
+    WeightFormat,
+    quantize_model,
+    unpack_gguf_q4,
+    unpack_gguf_q8,
+)
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -295,59 +308,86 @@ def apply_weights(
 ) -> str:
     """Hold the linear weights as ``fmt`` asks; return what was done (for diagnostics).
 
-    ``auto`` means dense weights for now. torch's int4 CPU kernel needs bf16 activations to
-    be fast (20-30x slower with float32), and in bf16 it rounds each group's scale and zero
-    to bf16, which changed the bundled model's greedy answers (docs/performance.md); so 4-bit
-    stays an explicit choice (``q4``) until it keeps the file's own answers.
+    ``auto`` keeps a GGUF file's Q4_0/Q4_1/Q8_0 weights as they are on a float32 CPU
+    engine, through the engine's own kernels (kernels/cpu_quant.c, built where a C compiler
+    exists): they multiply the same float32 weights the dense path would, so answers stay
+    transformers' own. Elsewhere ``auto`` is dense: torch's int4 kernel needs bf16
+    activations, and rounding the scales to bf16 changed the bundled model's answers
+    (docs/performance.md).
     """
-    if fmt in (WeightFormat.FLOAT, WeightFormat.AUTO):
+    if fmt is WeightFormat.FLOAT:
         return "float"
     if device.type != "cpu":
+        if fmt is WeightFormat.AUTO:
+            return "float"
         raise ModelLoadError(
             f"weights {fmt.value!r} uses torch's CPU kernels; use weights 'float' on {device}"
         )
-    given: dict[str, Q4Weight] = {}
+    # Built (once) into the engine's cache folder, whichever format asks for it first.
+    reason = cpu_quant.unavailable(None if cache_dir is None else cache_dir / "kernels")
+    if fmt is WeightFormat.AUTO:
+        if dtype != torch.float32 or gguf is None:
+            return "float"
+        if reason is not None:
+            _LOGGER.info(
+                "dense float32 weights: the quantized CPU kernels are unavailable (%s)", reason
+            )
+            return "float"
+    given: dict[str, GroupWeight] = {}
     if gguf is not None and fmt is not WeightFormat.Q8:
-        given = cached_gguf_q4_weights(gguf, model, cache_dir)
-    swapped = quantize_model(model, fmt, dtype, given)
-    if swapped == 0:
+        given = cached_gguf_weights(gguf, model, cache_dir)
+    swapped = Counter(quantize_model(model, fmt, dtype, given))
+    embedding = swapped.pop("embedding", 0)
+    if not swapped:
         return "float"
-    kind = "q8" if fmt is WeightFormat.Q8 else "q4"
-    source = " from the GGUF file" if given and fmt is not WeightFormat.Q8 else ""
-    return f"{kind} ({swapped} linear layers{source})"
+    names = {"q4": "4-bit", "q8": "8-bit", "q8-row": "8-bit per-row"}
+    text = " and ".join(f"{n} {names[kind]}" for kind, n in swapped.items()) + " linear layers"
+    if embedding:
+        text += " and the 8-bit embedding"
+    if given:
+        text += " from the GGUF file"
+    if any(isinstance(m, Q4Float32Linear | Q8Float32Linear) for m in model.modules()):
+        text += ", float32 kernels"
+    return f"{'q8' if fmt is WeightFormat.Q8 else 'q4'} ({text})"
 
 
-def cached_gguf_q4_weights(gguf: Path, model: Any, cache_dir: Path | None) -> dict[str, Q4Weight]:
-    """gguf_q4_weights, kept beside the converted model when there is a cache folder.
+def cached_gguf_weights(gguf: Path, model: Any, cache_dir: Path | None) -> dict[str, GroupWeight]:
+    """gguf_weights, kept beside the converted model when there is a cache folder.
 
     Reading the file's metadata and mapping its names takes tens of seconds; the saved
     copy loads in well under one.
     """
     if cache_dir is None:
-        return gguf_q4_weights(gguf, model)
+        return gguf_weights(gguf, model)
     from safetensors.torch import load_file, save_file
 
     folder = _gguf_cache_folder(gguf, cache_dir, torch.float32)
     # with_name, not with_suffix: the folder's name has dots of its own (".Q4_1-<digest>").
-    path = folder.with_name(folder.name + ".q4.safetensors")
+    path = folder.with_name(folder.name + ".groups.safetensors")
     if path.is_file():
         flat = load_file(path)
     else:
         flat = {}
-        for name, q in gguf_q4_weights(gguf, model).items():
+        for name, q in gguf_weights(gguf, model).items():
             flat[f"{name}.codes"] = q.codes
             flat[f"{name}.scale"] = q.scale
-            flat[f"{name}.zero"] = q.zero
+            if isinstance(q, Q4Weight):
+                flat[f"{name}.zero"] = q.zero
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".partial")
         save_file(flat, tmp)
         os.replace(tmp, path)
     names = {key.rsplit(".", 1)[0] for key in flat}
-    return {n: Q4Weight(flat[f"{n}.codes"], flat[f"{n}.scale"], flat[f"{n}.zero"]) for n in names}
+    return {
+        n: Q4Weight(flat[f"{n}.codes"], flat[f"{n}.scale"], flat[f"{n}.zero"])
+        if f"{n}.zero" in flat
+        else Q8Weight(flat[f"{n}.codes"], flat[f"{n}.scale"])
+        for n in names
+    }
 
 
-def gguf_q4_weights(gguf: Path, model: Any) -> dict[str, Q4Weight]:
-    """The file's Q4_0/Q4_1 tensors as 4-bit weights, keyed by the model's parameter names.
+def gguf_weights(gguf: Path, model: Any) -> dict[str, GroupWeight]:
+    """The file's Q4_0, Q4_1 and Q8_0 tensors, keyed by the model's parameter names.
 
     The names and the row order come from transformers' own GGUF mapping: its tensor
     processor (which undoes llama.cpp's Q/K row permutation) is applied to the codes and
@@ -372,21 +412,29 @@ def gguf_q4_weights(gguf: Path, model: Any) -> dict[str, Q4Weight]:
         }
     )
     mapping = get_gguf_hf_weights_map(model, processor)
-    out: dict[str, Q4Weight] = {}
+    out: dict[str, GroupWeight] = {}
     for tensor in reader.tensors:
         kind = tensor.tensor_type.name
-        if kind not in ("Q4_0", "Q4_1"):
+        data = np.asarray(tensor.data)
+        q: GroupWeight
+        parts: tuple[torch.Tensor, ...]
+        if kind in ("Q4_0", "Q4_1"):
+            q = unpack_gguf_q4(data, kind)
+            parts = (q.codes, q.scale, q.zero)
+        elif kind == "Q8_0":
+            q = unpack_gguf_q8(data)
+            parts = (q.codes, q.scale)
+        else:
             continue
-        q = unpack_gguf_q4(np.asarray(tensor.data), kind)
-        parts = [
+        processed = [
             processor.process(weights=t.numpy(), name=tensor.name)  # type: ignore[no-untyped-call]
-            for t in (q.codes, q.scale, q.zero)
+            for t in parts
         ]
-        name = parts[0].name
+        name = processed[0].name
         if name not in mapping:
             continue
-        codes, scale, zero = (torch.from_numpy(np.ascontiguousarray(p.weights)) for p in parts)
-        out[mapping[name]] = Q4Weight(codes, scale, zero)
+        tensors = [torch.from_numpy(np.ascontiguousarray(p.weights)) for p in processed]
+        out[mapping[name]] = Q4Weight(*tensors) if len(tensors) == 3 else Q8Weight(*tensors)
     return out
 
 

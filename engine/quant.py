@@ -1,4 +1,4 @@
-"""Weight-only quantized linear layers on torch's packed CPU kernels, and GGUF Q4 unpacking.
+"""Weight-only quantized linear layers on CPU kernels, and GGUF Q4_0/Q4_1/Q8_0 unpacking.
 
 A 4-bit weight keeps groups of ``group_size`` input columns with one scale and one zero
 each, in torch's convention ``w = (q - 8) * scale + zero`` with ``q`` in 0..15. GGUF's
@@ -7,10 +7,15 @@ weights are used as they are. An 8-bit weight has one symmetric scale per output
 (torch's ``_weight_int8pack_mm``). Both read 4-8x fewer bytes per token than bf16/fp32,
 which is what bounds CPU decode at one sequence.
 
+GGUF's Q8_0 (``d * q`` per group of 32) is kept as int8 codes with a float32 scale per
+group. In float32 both run on the engine's own kernels (kernels/cpu_quant.c), which form
+each weight exactly as the dense path's dequantized value.
+
 The bound, tested in tests/engine/test_quant.py: in float32 a quantized layer's output
 equals ``x @ dequantize(weight).T`` up to summation order; so greedy tokens equal
 transformers' running the dequantized weights. In bfloat16 the scales and zeros are
-rounded to bfloat16 (the kernel's format), a rounding of the same size as bf16 weights.
+rounded to bfloat16 (torch's int4 kernel's format), a rounding of the same size as bf16
+weights.
 """
 
 from __future__ import annotations
@@ -23,13 +28,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from paged_llm.kernels import cpu_quant
+
 GROUP_SIZE = 32  # GGUF's block size, and a group size torch's int4 kernel accepts
 
 
 class WeightFormat(enum.StrEnum):
     """How linear weights are held: as loaded, or quantized for the CPU kernels."""
 
-    AUTO = "auto"  # dense for now (see loader.apply_weights)
+    AUTO = "auto"  # a file's 4/8-bit weights on the float32 kernels, else dense (loader)
     FLOAT = "float"  # dense weights in the engine's dtype
     Q4 = "q4"  # 4-bit groups of 32 (a float model is quantized at load)
     Q8 = "q8"  # 8-bit, one scale per output row
@@ -49,6 +56,22 @@ class Q4Weight:
         scale = self.scale.float().repeat_interleave(group, dim=1)
         zero = self.zero.float().repeat_interleave(group, dim=1)
         return (self.codes.float() - 8) * scale + zero
+
+
+@dataclass(slots=True)
+class Q8Weight:
+    """An 8-bit weight in groups (GGUF's Q8_0): int8 codes ``[out, in]``, scale ``[out, in/32]``."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight these codes stand for."""
+        group = self.codes.shape[1] // self.scale.shape[1]
+        return self.codes.float() * self.scale.float().repeat_interleave(group, dim=1)
+
+
+GroupWeight = Q4Weight | Q8Weight
 
 
 def can_quantize_q4(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> bool:
@@ -73,45 +96,120 @@ def quantize_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
-class Q4Linear(torch.nn.Module):
+class QuantLinear(torch.nn.Module):
+    """What every weight-only quantized layer shares: flatten, multiply, add the bias, reshape."""
+
+    in_features: int
+    out_features: int
+    bias: torch.Tensor | None
+
+    def __init__(self, out_features: int, in_features: int, bias: torch.Tensor | None,
+                 dtype: torch.dtype) -> None:  # fmt: skip
+        """Record the shape; keep the bias (if any) in the activation dtype."""
+        super().__init__()
+        self.out_features, self.in_features = out_features, in_features
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T + b`` through the layer's kernel, for any leading shape."""
+        out = self.multiply(x.reshape(-1, self.in_features))
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def multiply(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat @ W.T`` for ``flat [rows, in]``: each format's own kernel."""
+        raise NotImplementedError
+
+
+class Q4Linear(QuantLinear):
     """A linear layer whose weight stays 4-bit (torch's packed int4 CPU format)."""
 
     packed: torch.Tensor
     scales_and_zeros: torch.Tensor
-    bias: torch.Tensor | None
 
     def __init__(self, q: Q4Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         """Pack the codes and lay scale/zero out as the kernel wants: ``[groups, out, 2]``."""
-        super().__init__()
-        self.out_features, self.in_features = q.codes.shape
+        super().__init__(*q.codes.shape, bias, dtype)
         self.group_size = self.in_features // q.scale.shape[1]
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.codes.to(torch.int32), 1)
         sz = torch.stack([q.scale.t(), q.zero.t()], dim=-1).to(dtype).contiguous()
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", sz)
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T + b`` through the int4 kernel, for any leading shape."""
-        flat = x.reshape(-1, self.in_features).to(self.scales_and_zeros.dtype)
+    def multiply(self, flat: torch.Tensor) -> torch.Tensor:
+        """Through torch's int4 kernel, in the scales' dtype."""
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            flat, self.packed, self.group_size, self.scales_and_zeros
+            flat.to(self.scales_and_zeros.dtype),
+            self.packed,
+            self.group_size,
+            self.scales_and_zeros,
         )
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out
 
     def extra_repr(self) -> str:
         """Shown by print(model)."""
         return f"in={self.in_features}, out={self.out_features}, q4 group={self.group_size}"
 
 
-class Q8Linear(torch.nn.Module):
+class Q4Float32Linear(QuantLinear):
+    """A linear layer whose weight stays 4-bit, multiplied in float32 (kernels/cpu_quant.c).
+
+    It multiplies exactly the float32 weights ``dequantize()`` gives, so it answers as a
+    dense float32 model would, up to summation order, while a decode step reads 4.5 bits
+    per weight instead of 32.
+    """
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+
+    def __init__(self, q: Q4Weight, bias: torch.Tensor | None) -> None:
+        """Pack two codes per byte; keep scale and zero ``[out, in/group]`` in float32."""
+        super().__init__(*q.codes.shape, bias, torch.float32)
+        self.register_buffer("codes", cpu_quant.pack_q4(q.codes))
+        self.register_buffer("scale", q.scale.float().contiguous())
+        self.register_buffer("zero", q.zero.float().contiguous())
+
+    def multiply(self, flat: torch.Tensor) -> torch.Tensor:
+        """Through the engine's 4-bit float32 kernel."""
+        return cpu_quant.q4_linear(flat.float(), self.codes, self.scale, self.zero)
+
+    def extra_repr(self) -> str:
+        """Shown by print(model)."""
+        return f"in={self.in_features}, out={self.out_features}, q4 float32 group={GROUP_SIZE}"
+
+
+class Q8Float32Linear(QuantLinear):
+    """A linear layer whose weight stays 8-bit in groups (Q8_0), multiplied in float32.
+
+    The same rule as Q4Float32Linear: each weight is ``q * scale`` exactly as the dense
+    path forms it; 8.5 bits per weight are read instead of 32.
+    """
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, q: Q8Weight, bias: torch.Tensor | None) -> None:
+        """Keep the int8 codes and the float32 scales (shared with a tied embedding)."""
+        super().__init__(*q.codes.shape, bias, torch.float32)
+        self.register_buffer("codes", q.codes.contiguous())
+        self.register_buffer("scale", q.scale.float().contiguous())
+
+    def multiply(self, flat: torch.Tensor) -> torch.Tensor:
+        """Through the engine's 8-bit float32 kernel."""
+        return cpu_quant.q8_linear(flat.float(), self.codes, self.scale)
+
+    def extra_repr(self) -> str:
+        """Shown by print(model)."""
+        return f"in={self.in_features}, out={self.out_features}, q8 float32 group={GROUP_SIZE}"
+
+
+class Q8Linear(QuantLinear):
     """A linear layer with an int8 weight and one scale per output row."""
 
     codes: torch.Tensor
     scales: torch.Tensor
-    bias: torch.Tensor | None
 
     def __init__(
         self,
@@ -121,23 +219,50 @@ class Q8Linear(torch.nn.Module):
         dtype: torch.dtype,
     ) -> None:
         """Keep the int8 codes and the scales in the activation dtype (the kernel's rule)."""
-        super().__init__()
-        self.out_features, self.in_features = codes.shape
+        super().__init__(*codes.shape, bias, dtype)
         self.register_buffer("codes", codes.contiguous())
         self.register_buffer("scales", scale.to(dtype))
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T + b`` through the int8 weight-only kernel."""
-        flat = x.reshape(-1, self.in_features).to(self.scales.dtype)
-        out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(flat, self.codes, self.scales)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+    def multiply(self, flat: torch.Tensor) -> torch.Tensor:
+        """Through torch's int8 weight-only kernel, in the scales' dtype."""
+        out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(
+            flat.to(self.scales.dtype), self.codes, self.scales
+        )
+        return out
 
     def extra_repr(self) -> str:
         """Shown by print(model)."""
         return f"in={self.in_features}, out={self.out_features}, q8 per-row"
+
+
+class Q8Float32Embedding(torch.nn.Module):
+    """A token embedding kept 8-bit (Q8_0); the rows looked up are formed as float32.
+
+    Tied to the output projection, it shares that layer's codes, so the model holds the
+    matrix once, in 8 bits.
+    """
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor) -> None:
+        """Keep (or share) the int8 codes ``[vocab, dim]`` and scales ``[vocab, dim/group]``."""
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = codes.shape
+        self.register_buffer("codes", codes)
+        self.register_buffer("scale", scale)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of ``ids``, for any shape of ids."""
+        flat = ids.reshape(-1)
+        rows = cpu_quant.q8_dequantize(
+            self.codes.index_select(0, flat), self.scale.index_select(0, flat)
+        )
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        """Shown by print(model)."""
+        return f"{self.num_embeddings}, {self.embedding_dim}, q8 float32 group={GROUP_SIZE}"
 
 
 def unpack_gguf_q4(data: np.ndarray, kind: str) -> Q4Weight:
@@ -160,6 +285,18 @@ def unpack_gguf_q4(data: np.ndarray, kind: str) -> Q4Weight:
     return Q4Weight(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(zero))
 
 
+def unpack_gguf_q8(data: np.ndarray) -> Q8Weight:
+    """GGUF Q8_0 blocks ``[rows, blocks * 34]`` as int8 codes and a float32 scale per block.
+
+    A block is 32 values: fp16 ``d``, then 32 signed bytes ``q``; the value is ``d * q``.
+    """
+    rows = data.shape[0]
+    blocks = data.reshape(rows, -1, 34)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
+    return Q8Weight(torch.from_numpy(codes), torch.from_numpy(d))
+
+
 def linear_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Linear]]:
     """Every nn.Linear of a model with its dotted name."""
     for name, module in model.named_modules():
@@ -174,31 +311,58 @@ def set_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -> No
     setattr(parent, child, module)
 
 
-def quantize_model(
-    model: Any, fmt: WeightFormat, dtype: torch.dtype, given: dict[str, Q4Weight] | None = None
-) -> int:
-    """Swap linear layers for quantized ones; return how many were swapped.
+def q4_linear(q: Q4Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.nn.Module:
+    """The 4-bit layer for dtype: the float32 kernel where it builds, else torch's int4 one."""
+    if dtype == torch.float32 and cpu_quant.unavailable() is None:
+        return Q4Float32Linear(q, bias)
+    return Q4Linear(q, bias, dtype)
 
-    ``given`` holds 4-bit weights read from a file by parameter name (``x.weight``); those
-    layers take them as they are. Under Q4/Q8 every other linear layer whose shape the
-    kernel takes is quantized from its float weight; under AUTO only ``given`` ones are.
-    The output projection stays float under AUTO: it is tied to the embedding and GGUF
-    keeps it in 8 bits with per-block scales, which torch's per-row int8 kernel cannot
-    hold exactly.
+
+def quantize_model(
+    model: Any, fmt: WeightFormat, dtype: torch.dtype, given: dict[str, GroupWeight] | None = None
+) -> list[str]:
+    """Swap linear layers (and a tied embedding) for quantized ones; return what was swapped.
+
+    ``given`` holds weights read from a file by parameter name (``x.weight``); those layers
+    take them as they are (4-bit ones always, 8-bit ones where the float32 kernels run).
+    Under Q4/Q8 every other linear layer whose shape the kernel takes is quantized from its
+    float weight; under AUTO only ``given`` ones are. The returned list names each swap's
+    kind: ``q4``, ``q8`` (given 8-bit groups), ``q8-row`` (torch's per-row int8) and
+    ``embedding``.
     """
     given = given or {}
-    swapped = 0
+    float32_kernels = dtype == torch.float32 and cpu_quant.unavailable() is None
+    embedding = model.get_input_embeddings()
+    embedding_name = next(n for n, m in model.named_modules() if m is embedding)
+    swapped: list[str] = []
+    tied_head: Q8Float32Linear | None = None
     for name, linear in list(linear_modules(model)):
-        q4 = given.get(f"{name}.weight")
+        q = given.get(f"{name}.weight")
+        tied = linear.weight is getattr(embedding, "weight", None)
+        if q is None and tied:
+            q = given.get(f"{embedding_name}.weight")  # the file holds a tied matrix once
         new: torch.nn.Module | None = None
-        if q4 is not None and fmt in (WeightFormat.AUTO, WeightFormat.Q4):
-            new = Q4Linear(q4, linear.bias, dtype)
+        kind = "q4"
+        if isinstance(q, Q4Weight) and fmt in (WeightFormat.AUTO, WeightFormat.Q4):
+            new = q4_linear(q, linear.bias, dtype)
+        elif isinstance(q, Q8Weight) and fmt is not WeightFormat.Q8 and float32_kernels:
+            new, kind = Q8Float32Linear(q, linear.bias), "q8"
+            if tied:
+                tied_head = new
         elif fmt is WeightFormat.Q4 and can_quantize_q4(linear.weight):
-            new = Q4Linear(quantize_q4(linear.weight), linear.bias, dtype)
+            new = q4_linear(quantize_q4(linear.weight), linear.bias, dtype)
         elif fmt is WeightFormat.Q8:
             codes, scale = quantize_q8(linear.weight)
-            new = Q8Linear(codes, scale, linear.bias, dtype)
+            new, kind = Q8Linear(codes, scale, linear.bias, dtype), "q8-row"
         if new is not None:
             set_module(model, name, new)
-            swapped += 1
+            swapped.append(kind)
+    q = given.get(f"{embedding_name}.weight")
+    # Only a plain lookup: subclasses (Gemma scales its embeddings) keep their own forward.
+    plain = type(embedding) is torch.nn.Embedding and embedding.max_norm is None
+    if isinstance(q, Q8Weight) and plain and float32_kernels:
+        head = tied_head
+        codes, scale = (head.codes, head.scale) if head else (q.codes, q.scale.float())
+        set_module(model, embedding_name, Q8Float32Embedding(codes, scale))
+        swapped.append("embedding")
     return swapped

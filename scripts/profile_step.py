@@ -2,8 +2,9 @@
 
 ``.venv/bin/python scripts/profile_step.py [--dtype auto] [--weights auto]``: decodes 64-token
 prompts and profiles 8 steps per batch size; ops are grouped into matrix products,
-attention (KV store, gather, SDPA), other torch ops (elementwise, norms, sampling), and
-the rest of the wall time (Python, scheduling, framework dispatch).
+attention (KV store, gather, SDPA), other torch ops (elementwise, norms, sampling), the
+engine's own 4-bit/8-bit kernels (kernels/cpu_quant.c, timed around each call), and the
+rest of the wall time (Python, scheduling, framework dispatch).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import load_model
 from paged_llm.engine.sequence import SamplingParams
+from paged_llm.kernels import cpu_quant
 
 ROOT = Path(__file__).resolve().parents[1]
 MATMUL = ("mm", "addmm", "bmm", "_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm", "matmul")
@@ -32,6 +34,22 @@ def bucket(name: str) -> str:
     if any(key in op for key in ATTENTION):
         return "attention"
     return "other ops"
+
+
+class KernelClock:
+    """Seconds spent in the quantized kernels' calls (not aten ops, so the profiler skips them)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._run = cpu_quant._in_one_call
+        cpu_quant._in_one_call = self._timed
+
+    def _timed(self, *args: object) -> object:
+        started = time.perf_counter()
+        try:
+            return self._run(*args)
+        finally:
+            self.seconds += time.perf_counter() - started
 
 
 def main() -> None:
@@ -50,14 +68,18 @@ def main() -> None:
     loaded = load_model(config)
     engine = LLMEngine(loaded, config)
     print(f"{loaded.dtype}, weights {loaded.weights}")
-    print("| sequences | step ms | matmul | attention | other ops | Python & rest |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    clock = KernelClock()
+    print(
+        "| sequences | step ms | matmul | attention | other ops | 4/8-bit kernels | Python & rest |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for batch in (1, 8, 32):
         params = SamplingParams(temperature=0, max_tokens=args.steps + 4, ignore_eos=True)
         for i in range(batch):
             engine.add_request(list(range(1000 + i, 1064 + i)), params, request_id=f"{batch}-{i}")
         for _ in range(3):
             engine.step()  # prefill and warm-up
+        clock.seconds = 0.0
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             started = time.perf_counter()
             for _ in range(args.steps):
@@ -67,6 +89,7 @@ def main() -> None:
         for event in prof.key_averages():
             if event.key.startswith("aten::"):
                 groups[bucket(event.key)] += event.self_cpu_time_total / 1e3 / args.steps
+        groups["kernels"] = clock.seconds * 1e3 / args.steps
         rest = wall - sum(groups.values())
         cells = " | ".join(f"{v:.1f} ({v / wall:.0%})" for v in (*groups.values(), rest))
         print(f"| {batch} | {wall:.1f} | {cells} |", flush=True)

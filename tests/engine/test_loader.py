@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from paged_llm.engine.loader import (
 )
 from paged_llm.engine.memory import RUNTIME_BYTES, weight_bytes
 from paged_llm.engine.sequence import SamplingParams
+from paged_llm.kernels import cpu_quant
 
 from support import CACHE
 
@@ -86,15 +88,24 @@ def test_cuda_requested_without_a_gpu_is_a_clear_error() -> None:
         load_model(EngineConfig(model=DEFAULT_MODEL, device="cuda"))
 
 
-def test_bundled_model_first_32_greedy_tokens_equal_generate() -> None:
+@pytest.mark.parametrize("weights", ["auto", "float"])
+def test_bundled_model_first_32_greedy_tokens_equal_generate(weights: str) -> None:
+    """The engine (auto: the file's 4-bit and 8-bit weights on the float32 kernels) against
+    transformers' own dense load of the same file."""
     config = EngineConfig(
         model=DEFAULT_MODEL,
         device="cpu",
         dtype="float32",
+        weights=weights,
         cache_dir=CACHE / "converted",
         max_model_len=2048,
     )
     loaded = load_model(config)
+    if weights == "auto" and cpu_quant.unavailable() is None:
+        assert loaded.weights == (
+            "q4 (210 4-bit and 1 8-bit linear layers and the 8-bit embedding from the GGUF file,"
+            " float32 kernels)"
+        )
     engine = LLMEngine(loaded, config)
     questions = [
         "What is the capital of France?",
@@ -111,7 +122,7 @@ def test_bundled_model_first_32_greedy_tokens_equal_generate() -> None:
     while engine.has_unfinished():
         for out in engine.step():
             got[out.request_id].extend(out.token_ids)
-    model = loaded.model
+    model = load_model(dataclasses.replace(config, weights="float")).model
     model.set_attn_implementation("sdpa")
     for i, prompt in enumerate(prompts):
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[

@@ -1,0 +1,224 @@
+"""GGUF's 4-bit and 8-bit weights times float32 activations on the CPU (cpu_quant.c).
+
+torch's own int4 CPU kernel is fast only with bf16 activations (20-30x slower than dense
+float32 otherwise), and bf16 changes the model's answers. These kernels multiply the very
+float32 weights a dense model holds, formed group by group from their codes, so only the
+summation order differs, while a decode step reads 4.5 (or 8.5) bits per weight instead
+of 32. The C source is built with the machine's C compiler (``$CC``, cc, gcc or clang;
+``-march=native``, OpenMP when the compiler has it, sharing torch's runtime) into a cache
+folder keyed by the source, the compiler and the CPU; :func:`unavailable` says why it
+cannot be used. Nothing here is needed where it cannot build: the engine stays dense.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+GROUP_SIZE = 32
+MAX_ROWS = 32  # rows the kernels take per call (cpu_quant.c)
+# Above this many rows (a prefill chunk, a large batch) forming the dense weight and running
+# torch's product is as fast or faster (measured: docs/performance.md).
+DENSE_ROWS = 16
+assert DENSE_ROWS <= MAX_ROWS
+DENSE_SLICE_VALUES = 1 << 20  # weights formed at a time on that path (4 MiB in float32)
+SOURCE = Path(__file__).with_name("cpu_quant.c")
+_LOGGER = logging.getLogger(__name__)
+# Addresses go over as plain integers: cheaper per call than typed pointers (a decode step
+# makes over 200 calls).
+_PTR = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+def default_build_dir() -> Path:
+    """Where the library is built when no folder is given: the user's own cache folder.
+
+    Not a shared temp folder: another user could leave a library there to be loaded.
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "paged-llm" / "kernels"
+
+
+def unavailable(build_dir: Path | None = None) -> str | None:
+    """Why the kernels cannot run here (no compiler, a failed build), or None when they can.
+
+    The first call builds and loads the library, in build_dir (default_build_dir() when
+    None); later calls answer from that attempt.
+    """
+    global _state
+    with _lock:
+        if _state is None:
+            _state = _load(build_dir or default_build_dir())
+        return _state[1]
+
+
+def q4_linear(
+    x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
+) -> torch.Tensor:
+    """``x @ W.T`` for float32 ``x [rows, in]`` and a packed 4-bit ``W [out, in]``."""
+    if x.shape[0] > DENSE_ROWS:
+        return _dense(x, q4_dequantize, codes, scale, zero)
+    return _in_one_call(_library().q4_linear, x, codes.shape[0], _addresses(codes, scale, zero))
+
+
+def q8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x @ W.T`` for float32 ``x [rows, in]`` and an 8-bit ``W [out, in]`` (int8 codes)."""
+    if x.shape[0] > DENSE_ROWS:
+        return _dense(x, q8_dequantize, codes, scale)
+    return _in_one_call(_library().q8_linear, x, codes.shape[0], _addresses(codes, scale))
+
+
+def q4_dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """The dense float32 weight ``[out, in]`` of packed 4-bit codes with scales and zeros."""
+    n, k = codes.shape[0], codes.shape[1] * 2
+    out = torch.empty(n, k, dtype=torch.float32)
+    _library().q4_dequantize(*_addresses(codes, scale, zero), n, k, out.data_ptr())
+    return out
+
+
+def q8_dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The dense float32 weight ``[out, in]`` of int8 codes with one scale per group."""
+    n, k = codes.shape
+    out = torch.empty(n, k, dtype=torch.float32)
+    _library().q8_dequantize(*_addresses(codes, scale), n, k, out.data_ptr())
+    return out
+
+
+def pack_q4(codes: torch.Tensor) -> torch.Tensor:
+    """Codes ``[out, in]`` in 0..15 as bytes ``[out, in/2]``; a group's values 0..15 go low."""
+    out_features, in_features = codes.shape
+    if in_features % GROUP_SIZE:
+        raise ValueError(f"4-bit weights need inputs in groups of {GROUP_SIZE}, got {in_features}")
+    halves = codes.to(torch.uint8).reshape(out_features, -1, 2, GROUP_SIZE // 2)
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(out_features, -1).contiguous()
+
+
+def _dense(x: torch.Tensor, dequantize: Any, *weight: torch.Tensor) -> torch.Tensor:
+    """``x @ W.T`` by torch's dense product, W formed in slices of outputs that stay in cache.
+
+    Forming a large matrix whole (a 49152-row output projection: 113 MB) and reading it
+    back costs more than the product itself.
+    """
+    out_features = weight[0].shape[0]
+    step = max(1, DENSE_SLICE_VALUES // (x.shape[1] or 1))
+    if step >= out_features:
+        return F.linear(x, dequantize(*weight))
+    out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+    for start in range(0, out_features, step):
+        part = [w[start : start + step] for w in weight]
+        out[:, start : start + step] = F.linear(x, dequantize(*part))
+    return out
+
+
+def _in_one_call(
+    kernel: Any, x: torch.Tensor, out_features: int, weights: list[int]
+) -> torch.Tensor:
+    """Run a kernel over all of x's rows (at most DENSE_ROWS) into a new [rows, out] tensor."""
+    if x.dtype != torch.float32:
+        raise ValueError(f"the quantized CPU kernels take float32 activations, not {x.dtype}")
+    (x_at,) = _addresses(x.contiguous())
+    rows, k = x.shape
+    out = torch.empty(rows, out_features, dtype=torch.float32)
+    kernel(x_at, rows, k, *weights, out_features, out.data_ptr())
+    return out
+
+
+def _addresses(*tensors: torch.Tensor) -> list[int]:
+    """The data addresses of contiguous CPU tensors (the kernels read them as flat arrays)."""
+    for tensor in tensors:
+        if not tensor.is_contiguous() or tensor.device.type != "cpu":
+            raise ValueError("the quantized CPU kernels need contiguous CPU tensors")
+    return [tensor.data_ptr() for tensor in tensors]
+
+
+_lock = threading.Lock()
+# (library, why not) once the first caller tried to load it; one build per process.
+_state: tuple[ctypes.CDLL | None, str | None] | None = None
+
+
+def _library() -> ctypes.CDLL:
+    """The loaded library, or a RuntimeError saying why there is none."""
+    if _state is not None and _state[0] is not None:
+        return _state[0]  # the per-call path: no lock once it is loaded
+    reason = unavailable()
+    if reason is not None:
+        raise RuntimeError(f"the quantized float32 CPU kernels are unavailable: {reason}")
+    assert _state is not None
+    assert _state[0] is not None
+    return _state[0]
+
+
+def _load(build_dir: Path) -> tuple[ctypes.CDLL | None, str | None]:
+    """Build (once per source, compiler and CPU) and load the library; or say why not."""
+    compiler = _compiler()
+    if compiler is None:
+        return None, "no C compiler ($CC, cc, gcc or clang) on PATH"
+    try:
+        path = _build(compiler, build_dir)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError) as err:
+        _LOGGER.warning("could not build the quantized CPU kernels: %s", err)
+        return None, f"building them with {compiler} failed: {err}"
+    lib.q4_linear.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR]
+    lib.q8_linear.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR]
+    lib.q4_dequantize.argtypes = [_PTR, _PTR, _PTR, _I64, _I64, _PTR]
+    lib.q8_dequantize.argtypes = [_PTR, _PTR, _I64, _I64, _PTR]
+    for fn in (lib.q4_linear, lib.q8_linear, lib.q4_dequantize, lib.q8_dequantize):
+        fn.restype = None
+    lib.quant_max_rows.restype = ctypes.c_int
+    if lib.quant_max_rows() != MAX_ROWS:
+        return None, f"{path} takes {lib.quant_max_rows()} rows per call, not {MAX_ROWS}"
+    return lib, None
+
+
+def _compiler() -> str | None:
+    """The C compiler to use: $CC, else the first of cc, gcc and clang on PATH."""
+    names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
+    return next((path for name in names if (path := shutil.which(name))), None)
+
+
+def _build(compiler: str, build_dir: Path) -> Path:
+    """Compile the source into build_dir unless a build for this compiler and CPU exists."""
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), compiler.encode(), version.encode(), _cpu_flags()):
+        key.update(part)
+    path = build_dir / f"cpu_quant-{key.hexdigest()[:16]}.so"
+    if path.is_file():
+        return path
+    build_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # -ffp-contract=off: each weight is rounded as torch rounds it (clang would fuse it).
+    base = [compiler, "-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC",
+            "-std=c11", str(SOURCE), "-lm"]  # fmt: skip
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    # OpenMP shares torch's runtime (the same libgomp); without it one core does the work.
+    for extra in (["-fopenmp"], []):
+        done = subprocess.run(
+            [*base, *extra, "-o", str(tmp)], capture_output=True, text=True, timeout=120
+        )
+        if done.returncode == 0:
+            os.replace(tmp, path)
+            return path
+    raise subprocess.SubprocessError(done.stderr.strip()[-500:] or f"exit {done.returncode}")
+
+
+def _cpu_flags() -> bytes:
+    """The CPU's feature flags (a build with -march=native is only good for them)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return b""
+    flags = (line for line in text.splitlines() if line.startswith(("flags", "Features")))
+    return next(flags, "").encode()

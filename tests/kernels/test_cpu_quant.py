@@ -1,0 +1,153 @@
+"""The quantized float32 CPU kernels: the dense weights exactly, only the sums in another order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from paged_llm.engine.quant import Q4Float32Linear, quantize_q4, unpack_gguf_q4
+from paged_llm.kernels import cpu_quant
+
+pytestmark = pytest.mark.skipif(
+    cpu_quant.unavailable() is not None,
+    reason=f"no quantized CPU kernels: {cpu_quant.unavailable()}",
+)
+ROWS = [1, 3, cpu_quant.DENSE_ROWS, cpu_quant.DENSE_ROWS + 1, cpu_quant.MAX_ROWS + 1, 70]
+
+
+def _q4(out_features: int = 80, in_features: int = 160) -> tuple[torch.Tensor, ...]:
+    """A random 4-bit weight: packed codes, scale, zero, and its dense float32 value."""
+    torch.manual_seed(0)
+    q = quantize_q4(torch.randn(out_features, in_features))
+    return cpu_quant.pack_q4(q.codes), q.scale.contiguous(), q.zero.contiguous(), q.dequantize()
+
+
+def _q8(out_features: int = 80, in_features: int = 160) -> tuple[torch.Tensor, ...]:
+    """A random 8-bit weight in groups of 32: codes, scale, and its dense float32 value."""
+    torch.manual_seed(0)
+    codes = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8)
+    scale = torch.rand(out_features, in_features // 32) / 100
+    return codes, scale, codes.float() * scale.repeat_interleave(32, dim=1)
+
+
+def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest error relative to the largest reference value."""
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
+def test_pack_keeps_ggufs_nibble_order() -> None:
+    """Byte j of a group holds value j low and value j + 16 high, as in a GGUF block."""
+    codes = torch.arange(64).remainder(16).reshape(1, 64)
+    packed = cpu_quant.pack_q4(codes)
+    assert packed.shape == (1, 32)
+    assert packed[0, 0] == codes[0, 0] | (codes[0, 16] << 4)
+    assert packed[0, 16] == codes[0, 32] | (codes[0, 48] << 4)
+    raw = torch.cat([torch.zeros(1, 4, dtype=torch.uint8), packed[:, :16]], dim=1).numpy()
+    assert torch.equal(unpack_gguf_q4(raw, "Q4_1").codes, codes[:, :32].to(torch.uint8))
+
+
+def test_dequantize_gives_the_dense_weight_bit_for_bit() -> None:
+    codes, scale, zero, dense = _q4()
+    assert torch.equal(cpu_quant.q4_dequantize(codes, scale, zero), dense)
+    codes8, scale8, dense8 = _q8()
+    assert torch.equal(cpu_quant.q8_dequantize(codes8, scale8), dense8)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_q4_linear_is_the_dense_product_up_to_summation_order(rows: int) -> None:
+    codes, scale, zero, dense = _q4()
+    x = torch.randn(rows, dense.shape[1])
+    got = cpu_quant.q4_linear(x, codes, scale, zero)
+    ref = F.linear(x, dense)
+    assert got.shape == ref.shape
+    assert _rel_err(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_q8_linear_is_the_dense_product_up_to_summation_order(rows: int) -> None:
+    codes, scale, dense = _q8()
+    x = torch.randn(rows, dense.shape[1])
+    got = cpu_quant.q8_linear(x, codes, scale)
+    assert got.shape == (rows, dense.shape[0])
+    assert _rel_err(got, F.linear(x, dense)) < 1e-5
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
+    """Batch invariance on the kernels' path (up to DENSE_ROWS rows, every decode step of up
+    to that many sequences): each output sums its lanes in a fixed order, alone or not."""
+    codes, scale, zero, dense = _q4()
+    codes8, scale8, _ = _q8()
+    x = torch.randn(cpu_quant.DENSE_ROWS, dense.shape[1])
+    together = cpu_quant.q4_linear(x, codes, scale, zero)
+    together8 = cpu_quant.q8_linear(x, codes8, scale8)
+    for row in range(x.shape[0]):
+        alone = x[row : row + 1]
+        assert torch.equal(cpu_quant.q4_linear(alone, codes, scale, zero)[0], together[row])
+        assert torch.equal(cpu_quant.q8_linear(alone, codes8, scale8)[0], together8[row])
+
+
+def test_layer_adds_bias_and_keeps_leading_dimensions() -> None:
+    torch.manual_seed(1)
+    weight, bias = torch.randn(48, 64), torch.randn(48)
+    q = quantize_q4(weight)
+    x = torch.randn(2, 3, 64)
+    with torch.inference_mode():
+        got = Q4Float32Linear(q, bias)(x)
+    ref = F.linear(x, q.dequantize(), bias)
+    assert got.shape == (2, 3, 48)
+    assert _rel_err(got, ref) < 1e-5
+
+
+def test_inputs_not_in_groups_of_32_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="inputs in groups of 32, got 40"):
+        cpu_quant.pack_q4(torch.zeros(8, 40, dtype=torch.uint8))
+
+
+def test_non_contiguous_inputs_are_refused_not_misread() -> None:
+    codes, scale, zero, _ = _q4()
+    with pytest.raises(ValueError, match="contiguous CPU tensors"):
+        cpu_quant.q4_dequantize(codes, scale.t().contiguous().t(), zero)
+    with pytest.raises(ValueError, match=r"float32 activations, not torch\.float64"):
+        cpu_quant.q4_linear(torch.zeros(1, 160, dtype=torch.float64), codes, scale, zero)
+
+
+def test_without_a_compiler_it_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert cpu_quant._load(tmp_path) == (None, "no C compiler ($CC, cc, gcc or clang) on PATH")
+
+
+def test_a_failing_build_is_reported_not_raised(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken-cc"
+    broken.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && echo broken 1.0 && exit 0\necho "no such flag" >&2\n'
+        "exit 1\n"
+    )
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    lib, reason = cpu_quant._load(tmp_path / "build")
+    assert lib is None
+    assert reason == f"building them with {broken} failed: no such flag"
+
+
+def test_a_build_is_reused_for_the_same_source_compiler_and_cpu(tmp_path: Path) -> None:
+    lib, reason = cpu_quant._load(tmp_path)
+    assert reason is None
+    assert lib is not None
+    built = list(tmp_path.glob("cpu_quant-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    cpu_quant._load(tmp_path)
+    assert [p.stat().st_mtime_ns for p in tmp_path.glob("cpu_quant-*.so")] == [stamp]
+
+
+def test_the_default_build_folder_is_the_users_own_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cpu_quant.default_build_dir() == tmp_path / "paged-llm" / "kernels"
