@@ -29,7 +29,7 @@ GROUP_SIZE = 32
 MAX_ROWS = 32  # rows the kernels take per call (cpu_quant.c)
 # Above this many rows (a prefill chunk, a large batch) forming the dense weight and running
 # torch's product is as fast or faster (measured: docs/performance.md).
-DENSE_ROWS = 16
+DENSE_ROWS = 24
 assert DENSE_ROWS <= MAX_ROWS
 DENSE_SLICE_VALUES = 1 << 20  # weights formed at a time on that path (4 MiB in float32)
 SOURCE = Path(__file__).with_name("cpu_quant.c")
@@ -78,19 +78,32 @@ def q8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torc
     return _in_one_call(_library().q8_linear, x, codes.shape[0], _addresses(codes, scale))
 
 
-def q4_dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+def q4_dequantize(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """The dense float32 weight ``[out, in]`` of packed 4-bit codes with scales and zeros."""
     n, k = codes.shape[0], codes.shape[1] * 2
-    out = torch.empty(n, k, dtype=torch.float32)
+    out = _output(out, n, k)
     _library().q4_dequantize(*_addresses(codes, scale, zero), n, k, out.data_ptr())
     return out
 
 
-def q8_dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def q8_dequantize(
+    codes: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """The dense float32 weight ``[out, in]`` of int8 codes with one scale per group."""
     n, k = codes.shape
-    out = torch.empty(n, k, dtype=torch.float32)
+    out = _output(out, n, k)
     _library().q8_dequantize(*_addresses(codes, scale), n, k, out.data_ptr())
+    return out
+
+
+def _output(out: torch.Tensor | None, n: int, k: int) -> torch.Tensor:
+    """A new ``[n, k]`` float32 tensor, or ``out`` checked to be one."""
+    if out is None:
+        return torch.empty(n, k, dtype=torch.float32)
+    if out.shape != (n, k) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 [{n}, {k}] tensor")
     return out
 
 
@@ -106,18 +119,34 @@ def pack_q4(codes: torch.Tensor) -> torch.Tensor:
 def _dense(x: torch.Tensor, dequantize: Any, *weight: torch.Tensor) -> torch.Tensor:
     """``x @ W.T`` by torch's dense product, W formed in slices of outputs that stay in cache.
 
-    Forming a large matrix whole (a 49152-row output projection: 113 MB) and reading it
-    back costs more than the product itself.
+    The slices go into one scratch buffer per thread: a fresh tensor for every layer of a
+    step cost more in page faults than forming the weights (a 49152-row output projection
+    formed whole is 113 MB, and reading it back costs more than the product).
     """
-    out_features = weight[0].shape[0]
-    step = max(1, DENSE_SLICE_VALUES // (x.shape[1] or 1))
-    if step >= out_features:
-        return F.linear(x, dequantize(*weight))
+    out_features, k = weight[0].shape[0], x.shape[1]
+    step = min(out_features, max(1, DENSE_SLICE_VALUES // max(k, 1)))
+    scratch = _scratch(step * k)
+    if step == out_features:
+        return F.linear(x, dequantize(*weight, out=scratch.view(step, k)))
     out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
     for start in range(0, out_features, step):
         part = [w[start : start + step] for w in weight]
-        out[:, start : start + step] = F.linear(x, dequantize(*part))
+        rows = part[0].shape[0]
+        out[:, start : start + rows] = F.linear(
+            x, dequantize(*part, out=scratch[: rows * k].view(rows, k))
+        )
     return out
+
+
+_local = threading.local()
+
+
+def _scratch(values: int) -> torch.Tensor:
+    """A float32 scratch buffer of at least ``values`` values, one per thread."""
+    buffer: torch.Tensor | None = getattr(_local, "buffer", None)
+    if buffer is None or buffer.numel() < values:
+        buffer = _local.buffer = torch.empty(max(values, DENSE_SLICE_VALUES), dtype=torch.float32)
+    return buffer[:values]
 
 
 def _in_one_call(
