@@ -156,8 +156,8 @@ class Q4Float32Linear(QuantLinear):
     """A linear layer whose weight stays 4-bit, multiplied in float32 (kernels/cpu_quant.c).
 
     It multiplies exactly the float32 weights ``dequantize()`` gives, so it answers as a
-    dense float32 model would, up to summation order, while a decode step reads 4.5 bits
-    per weight instead of 32.
+    dense float32 model would, up to summation order, while a decode step reads 6 bits per
+    weight (4-bit codes, a float32 scale and zero per 32) instead of 32.
     """
 
     codes: torch.Tensor
@@ -184,7 +184,7 @@ class Q8Float32Linear(QuantLinear):
     """A linear layer whose weight stays 8-bit in groups (Q8_0), multiplied in float32.
 
     The same rule as Q4Float32Linear: each weight is ``q * scale`` exactly as the dense
-    path forms it; 8.5 bits per weight are read instead of 32.
+    path forms it; 9 bits per weight are read instead of 32.
     """
 
     codes: torch.Tensor

@@ -3,8 +3,8 @@
 torch's own int4 CPU kernel is fast only with bf16 activations (20-30x slower than dense
 float32 otherwise), and bf16 changes the model's answers. These kernels multiply the very
 float32 weights a dense model holds, formed group by group from their codes, so only the
-summation order differs, while a decode step reads 4.5 (or 8.5) bits per weight instead
-of 32. The C source is built with the machine's C compiler (``$CC``, cc, gcc or clang;
+summation order differs, while a decode step reads 6 (or 9) bits per weight instead of
+32. The C source is built with the machine's C compiler (``$CC``, cc, gcc or clang;
 ``-march=native``, OpenMP when the compiler has it, sharing torch's runtime) into a cache
 folder keyed by the source, the compiler and the CPU; :func:`unavailable` says why it
 cannot be used. Nothing here is needed where it cannot build: the engine stays dense.

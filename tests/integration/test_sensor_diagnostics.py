@@ -170,7 +170,8 @@ async def test_diagnostics_hold_settings_figures_and_versions_but_no_prompts(
     assert engine["is_running"] is True
     assert engine["device"] == "cpu"
     assert engine["dtype"] == "torch.float32"
-    assert engine["weights"] == "float"  # auto keeps float32 models dense
+    # auto keeps a model folder's weights dense: only a GGUF file's 4-bit ones stay 4-bit.
+    assert engine["weights"] == "float"
     llm_engine = init_integration.runtime_data.backend.engine.engine
     assert engine["num_kv_blocks"] == llm_engine.num_kv_blocks
     assert engine["max_model_len"] == 4096
