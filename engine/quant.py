@@ -167,9 +167,11 @@ class Q4Float32Linear(QuantLinear):
     def __init__(self, q: Q4Weight, bias: torch.Tensor | None) -> None:
         """Pack two codes per byte; keep scale and zero ``[out, in/group]`` in float32."""
         super().__init__(*q.codes.shape, bias, torch.float32)
+        # Copies, not views: the codes may come from a mapped cache file, whose pages
+        # would then stay resident as long as any tensor of it lives.
         self.register_buffer("codes", cpu_quant.pack_q4(q.codes))
-        self.register_buffer("scale", q.scale.float().contiguous())
-        self.register_buffer("zero", q.zero.float().contiguous())
+        self.register_buffer("scale", q.scale.float().clone())
+        self.register_buffer("zero", q.zero.float().clone())
 
     def multiply(self, flat: torch.Tensor) -> torch.Tensor:
         """Through the engine's 4-bit float32 kernel."""
@@ -193,8 +195,9 @@ class Q8Float32Linear(QuantLinear):
     def __init__(self, q: Q8Weight, bias: torch.Tensor | None) -> None:
         """Keep the int8 codes and the float32 scales (shared with a tied embedding)."""
         super().__init__(*q.codes.shape, bias, torch.float32)
-        self.register_buffer("codes", q.codes.contiguous())
-        self.register_buffer("scale", q.scale.float().contiguous())
+        # Copies, as in Q4Float32Linear: no view of a mapped cache file stays alive.
+        self.register_buffer("codes", q.codes.clone())
+        self.register_buffer("scale", q.scale.float().clone())
 
     def multiply(self, flat: torch.Tensor) -> torch.Tensor:
         """Through the engine's 8-bit float32 kernel."""
@@ -362,7 +365,9 @@ def quantize_model(
     plain = type(embedding) is torch.nn.Embedding and embedding.max_norm is None
     if isinstance(q, Q8Weight) and plain and float32_kernels:
         head = tied_head
-        codes, scale = (head.codes, head.scale) if head else (q.codes, q.scale.float())
+        codes, scale = (
+            (head.codes, head.scale) if head else (q.codes.clone(), q.scale.float().clone())
+        )
         set_module(model, embedding_name, Q8Float32Embedding(codes, scale))
         swapped.append("embedding")
     return swapped
