@@ -56,7 +56,7 @@ async def test_voice_is_never_queued_behind_a_summary_larger_than_the_pool(
     async def observed(prompt: Any, params: Any, priority: Any, **kwargs: Any) -> Any:
         async for out in real_generate(prompt, params, priority, **kwargs):
             if out.finished:
-                outputs.append((priority, out))
+                outputs.append((priority, params, out))
             yield out
 
     engine.generate = observed  # type: ignore[method-assign]
@@ -93,7 +93,14 @@ async def test_voice_is_never_queued_behind_a_summary_larger_than_the_pool(
     assert summary is not None
     assert summary["chunks"] >= 3  # parts sized to a share of the pool
     assert all(a.response.speech["plain"]["speech"] for a in answers)
-    voice_outputs = [out for priority, out in outputs if priority == "interactive"]
+    # The agent re-warms its prompt (one token) when the registry changes, and Home
+    # Assistant's prompt holds the time of day: on a slow machine the debounced warm-up
+    # after setup falls inside the test. Those are not voice queries.
+    voice_outputs = [
+        out
+        for priority, params, out in outputs
+        if priority == "interactive" and params.max_tokens != 1
+    ]
     assert len(voice_outputs) == 6
     # No voice request ever waited a step, none was preempted, and each found the
     # warmed system prompt in the cache, summary or not.
