@@ -103,11 +103,10 @@ class QuantLinear(torch.nn.Module):
     out_features: int
     bias: torch.Tensor | None
 
-    def __init__(self, out_features: int, in_features: int, bias: torch.Tensor | None,
-                 dtype: torch.dtype) -> None:  # fmt: skip
-        """Record the shape; keep the bias (if any) in the activation dtype."""
+    def __init__(self, shape: torch.Size, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        """Record the weight's ``[out, in]`` shape; keep the bias in the activation dtype."""
         super().__init__()
-        self.out_features, self.in_features = out_features, in_features
+        self.out_features, self.in_features = int(shape[0]), int(shape[1])
         self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,7 +129,7 @@ class Q4Linear(QuantLinear):
 
     def __init__(self, q: Q4Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         """Pack the codes and lay scale/zero out as the kernel wants: ``[groups, out, 2]``."""
-        super().__init__(*q.codes.shape, bias, dtype)
+        super().__init__(q.codes.shape, bias, dtype)
         self.group_size = self.in_features // q.scale.shape[1]
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.codes.to(torch.int32), 1)
         sz = torch.stack([q.scale.t(), q.zero.t()], dim=-1).to(dtype).contiguous()
@@ -166,7 +165,7 @@ class Q4Float32Linear(QuantLinear):
 
     def __init__(self, q: Q4Weight, bias: torch.Tensor | None) -> None:
         """Pack two codes per byte; keep scale and zero ``[out, in/group]`` in float32."""
-        super().__init__(*q.codes.shape, bias, torch.float32)
+        super().__init__(q.codes.shape, bias, torch.float32)
         # Copies, not views: the codes may come from a mapped cache file, whose pages
         # would then stay resident as long as any tensor of it lives.
         self.register_buffer("codes", cpu_quant.pack_q4(q.codes))
@@ -194,7 +193,7 @@ class Q8Float32Linear(QuantLinear):
 
     def __init__(self, q: Q8Weight, bias: torch.Tensor | None) -> None:
         """Keep the int8 codes and the float32 scales (shared with a tied embedding)."""
-        super().__init__(*q.codes.shape, bias, torch.float32)
+        super().__init__(q.codes.shape, bias, torch.float32)
         # Copies, as in Q4Float32Linear: no view of a mapped cache file stays alive.
         self.register_buffer("codes", q.codes.clone())
         self.register_buffer("scale", q.scale.float().clone())
@@ -222,7 +221,7 @@ class Q8Linear(QuantLinear):
         dtype: torch.dtype,
     ) -> None:
         """Keep the int8 codes and the scales in the activation dtype (the kernel's rule)."""
-        super().__init__(*codes.shape, bias, dtype)
+        super().__init__(codes.shape, bias, dtype)
         self.register_buffer("codes", codes.contiguous())
         self.register_buffer("scales", scale.to(dtype))
 
