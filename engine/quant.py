@@ -30,7 +30,9 @@ import torch
 
 from paged_llm.kernels import cpu_quant
 
-GROUP_SIZE = 32  # GGUF's block size, and a group size torch's int4 kernel accepts
+# GGUF's block size, the one the engine's kernels are built for, and a group size torch's
+# int4 kernel accepts.
+GROUP_SIZE = cpu_quant.GROUP_SIZE
 
 
 class WeightFormat(enum.StrEnum):
