@@ -8,6 +8,8 @@ import hashlib
 import importlib.util
 import logging
 import os
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -206,11 +208,24 @@ def _load_gguf(
         )
     if cache_dir is not None:
         folder = _gguf_cache_folder(gguf, cache_dir, dtype)
-        tmp = folder.with_name(folder.name + ".partial")
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # A folder of this process's own: Home Assistant and a `paged-llm serve` sharing the
+        # cache (or parallel tests) may convert the same file at the same time.
+        tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=folder.parent))
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, folder)
+        publish_folder(tmp, folder)
     return model, tokenizer, dtype
+
+
+def publish_folder(tmp: Path, folder: Path) -> None:
+    """Move a finished folder into place; when another process got there first, keep theirs."""
+    try:
+        os.replace(tmp, folder)
+    except OSError:
+        if not folder.is_dir():
+            raise
+        shutil.rmtree(tmp)
 
 
 def _load_folder(source: str, fit: DtypeFit, local_only: bool) -> tuple[Any, Any, torch.dtype]:
@@ -374,9 +389,11 @@ def cached_gguf_weights(gguf: Path, model: Any, cache_dir: Path | None) -> dict[
             if isinstance(q, Q4Weight):
                 flat[f"{name}.zero"] = q.zero
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")
-        save_file(flat, tmp)
-        os.replace(tmp, path)
+        # Unique per writer, so two processes extracting the same file never mix their bytes.
+        fd, name = tempfile.mkstemp(prefix=path.name + ".partial-", dir=path.parent)
+        os.close(fd)
+        save_file(flat, name)
+        os.replace(name, path)
     names = {key.rsplit(".", 1)[0] for key in flat}
     return {
         n: Q4Weight(flat[f"{n}.codes"], flat[f"{n}.scale"], flat[f"{n}.zero"])

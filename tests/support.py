@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -9,7 +10,19 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / ".cache" / "test-models"
+
+
+def _cache_folder() -> Path:
+    """Test models converted once per user and transformers release, shared by checkouts.
+
+    Outside the checkout, so a clean clone (CI) reuses them instead of converting the bundled
+    GGUF file again; the loader's own first conversion is tested in a temporary folder.
+    """
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "paged-llm-tests" / f"transformers-{importlib.metadata.version('transformers')}"
+
+
+CACHE = _cache_folder()
 # Bump when the tiny model's recipe changes so stale folders are rebuilt.
 TINY_VERSION = "v2"
 
@@ -23,7 +36,7 @@ def bundled_model_dir() -> Path:
 
 
 def tokenizer_dir() -> Path:
-    """The bundled SmolLM2 tokenizer, converted from the GGUF once and kept in .cache."""
+    """The bundled SmolLM2 tokenizer, converted from the GGUF once and kept in CACHE."""
     folder = CACHE / "smollm2-tokenizer"
     if not (folder / "tokenizer.json").is_file():
         from transformers import AutoTokenizer
@@ -33,9 +46,24 @@ def tokenizer_dir() -> Path:
         )
         tmp = folder.with_name(folder.name + f".partial-{os.getpid()}")
         tok.save_pretrained(tmp)
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
+        _publish(tmp, folder, "tokenizer.json")
     return folder
+
+
+def _publish(tmp: Path, folder: Path, marker: str) -> None:
+    """Move a finished ``tmp`` folder to ``folder``; a parallel worker that got there first wins.
+
+    A folder without ``marker`` is a leftover of an interrupted run and is replaced.
+    """
+    try:
+        tmp.rename(folder)
+        return
+    except OSError:
+        if (folder / marker).is_file():
+            shutil.rmtree(tmp)
+            return
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
 
 
 def tiny_config(arch: str = "llama", vocab_size: int = 49152) -> Any:
@@ -137,8 +165,7 @@ def save_model_folder(folder: Path, model: Any, tok: Any) -> Path:
     tmp = folder.with_name(folder.name + f".partial-{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    _publish(tmp, folder, "config.json")
     return folder
 
 

@@ -19,6 +19,7 @@ from paged_llm.engine.loader import (
     bundled_gguf_path,
     cpu_supports_bf16,
     load_model,
+    publish_folder,
     resolve_dtype,
 )
 from paged_llm.engine.memory import RUNTIME_BYTES, weight_bytes
@@ -63,6 +64,22 @@ def test_local_folder_loads(tiny_model_dir: Path) -> None:
 def test_failures_name_the_model_and_cause(model: str, message: str) -> None:
     with pytest.raises(ModelLoadError, match=message):
         load_model(EngineConfig(model=model, device="cpu"))
+
+
+def test_a_conversion_finished_elsewhere_first_is_kept(tmp_path: Path) -> None:
+    """Home Assistant and a server sharing a cache may convert the same file at once."""
+    theirs, ours = tmp_path / "model", tmp_path / "model.partial-1"
+    for folder, text in ((theirs, "theirs"), (ours, "ours")):
+        folder.mkdir()
+        (folder / "config.json").write_text(text)
+    publish_folder(ours, theirs)
+    assert (theirs / "config.json").read_text() == "theirs"
+    assert not ours.exists()
+    fresh = tmp_path / "fresh.partial-2"
+    fresh.mkdir()
+    publish_folder(fresh, tmp_path / "fresh")
+    assert (tmp_path / "fresh").is_dir()
+    assert not fresh.exists()
 
 
 def test_folder_without_a_model_is_named(tmp_path: Path) -> None:
