@@ -176,11 +176,32 @@ class Q4Float32Linear(QuantLinear):
 
     def multiply(self, flat: torch.Tensor) -> torch.Tensor:
         """Through the engine's 4-bit float32 kernel."""
-        return cpu_quant.q4_linear(flat.float(), self.codes, self.scale, self.zero)
+        return _packed(self, "codes", "scale", "zero").linear(flat.float())
 
     def extra_repr(self) -> str:
         """Shown by print(model)."""
         return f"in={self.in_features}, out={self.out_features}, q4 float32 group={GROUP_SIZE}"
+
+
+def _packed(layer: torch.nn.Module, *names: str) -> cpu_quant.Packed:
+    """The layer's buffers as one checked kernel weight, made again if they were replaced.
+
+    ``model.to()`` and friends swap a module's buffers for new tensors; the kept weight
+    holds the tensors it was made from, so a replaced one is seen by identity.
+    """
+    buffers = layer._buffers
+    packed: cpu_quant.Packed | None = layer.__dict__.get("_packed")
+    if packed is not None:
+        for tensor, name in zip(packed.tensors, names, strict=True):
+            if tensor is not buffers[name]:
+                break
+        else:
+            return packed
+    tensors = [buffers[name] for name in names]
+    if any(tensor is None for tensor in tensors):
+        raise ValueError(f"{type(layer).__name__} lost one of its weight buffers {names}")
+    packed = layer.__dict__["_packed"] = cpu_quant.Packed(*tensors)  # type: ignore[arg-type]
+    return packed
 
 
 class Q8Float32Linear(QuantLinear):
@@ -202,7 +223,7 @@ class Q8Float32Linear(QuantLinear):
 
     def multiply(self, flat: torch.Tensor) -> torch.Tensor:
         """Through the engine's 8-bit float32 kernel."""
-        return cpu_quant.q8_linear(flat.float(), self.codes, self.scale)
+        return _packed(self, "codes", "scale").linear(flat.float())
 
     def extra_repr(self) -> str:
         """Shown by print(model)."""

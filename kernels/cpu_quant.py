@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 
 GROUP_SIZE = 32
-MAX_ROWS = 32  # rows the kernels take per call (cpu_quant.c)
+MAX_ROWS = 64  # rows the kernels take per call (cpu_quant.c)
 # Above this many rows (a prefill chunk, a large batch) forming the dense weight and running
 # torch's product is as fast or faster (measured: docs/performance.md).
-DENSE_ROWS = 24
+DENSE_ROWS = 64
 assert DENSE_ROWS <= MAX_ROWS
 DENSE_SLICE_VALUES = 1 << 20  # weights formed at a time on that path (4 MiB in float32)
 SOURCE = Path(__file__).with_name("cpu_quant.c")
@@ -62,20 +62,45 @@ def unavailable(build_dir: Path | None = None) -> str | None:
         return _state[1]
 
 
+class Packed:
+    """A 4-bit (codes, scale, zero) or 8-bit (codes, scale) weight, checked once.
+
+    A layer keeps one per weight and calls :meth:`linear` at every step: the kernels then
+    get addresses worked out at load, not checks of three tensors per call (a decode step
+    makes over 200 calls). It holds the tensors, so the addresses stay valid.
+    """
+
+    __slots__ = ("_addresses", "_q4", "in_features", "out_features", "tensors")
+
+    def __init__(
+        self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None = None
+    ) -> None:
+        """Check the tensors the kernels will read as flat arrays; keep their addresses."""
+        self.tensors = (codes, scale) if zero is None else (codes, scale, zero)
+        self._addresses = _addresses(*self.tensors)
+        self._q4 = zero is not None
+        self.out_features = codes.shape[0]
+        self.in_features = codes.shape[1] * (2 if self._q4 else 1)
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` for float32 ``x [rows, in]``."""
+        if x.shape[0] > DENSE_ROWS:
+            return _dense(x, q4_dequantize if self._q4 else q8_dequantize, *self.tensors)
+        lib = _library()
+        kernel = lib.q4_linear if self._q4 else lib.q8_linear
+        return _in_one_call(kernel, x, self.out_features, self._addresses)
+
+
 def q4_linear(
     x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
 ) -> torch.Tensor:
     """``x @ W.T`` for float32 ``x [rows, in]`` and a packed 4-bit ``W [out, in]``."""
-    if x.shape[0] > DENSE_ROWS:
-        return _dense(x, q4_dequantize, codes, scale, zero)
-    return _in_one_call(_library().q4_linear, x, codes.shape[0], _addresses(codes, scale, zero))
+    return Packed(codes, scale, zero).linear(x)
 
 
 def q8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x @ W.T`` for float32 ``x [rows, in]`` and an 8-bit ``W [out, in]`` (int8 codes)."""
-    if x.shape[0] > DENSE_ROWS:
-        return _dense(x, q8_dequantize, codes, scale)
-    return _in_one_call(_library().q8_linear, x, codes.shape[0], _addresses(codes, scale))
+    return Packed(codes, scale).linear(x)
 
 
 def q4_dequantize(
@@ -155,10 +180,12 @@ def _in_one_call(
     """Run a kernel over all of x's rows (at most DENSE_ROWS) into a new [rows, out] tensor."""
     if x.dtype != torch.float32:
         raise ValueError(f"the quantized CPU kernels take float32 activations, not {x.dtype}")
-    (x_at,) = _addresses(x.contiguous())
+    if x.device.type != "cpu":
+        raise ValueError(f"the quantized CPU kernels take CPU activations, not {x.device}")
+    x = x.contiguous()
     rows, k = x.shape
     out = torch.empty(rows, out_features, dtype=torch.float32)
-    kernel(x_at, rows, k, *weights, out_features, out.data_ptr())
+    kernel(x.data_ptr(), rows, k, *weights, out_features, out.data_ptr())
     return out
 
 

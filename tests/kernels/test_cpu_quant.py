@@ -75,11 +75,25 @@ def test_q8_linear_is_the_dense_product_up_to_summation_order(rows: int) -> None
     assert _rel_err(got, F.linear(x, dense)) < 1e-5
 
 
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 9, cpu_quant.DENSE_ROWS])
+@pytest.mark.parametrize("out_features", [80, 81])
+def test_the_products_weights_are_the_dense_ones_bit_for_bit(rows: int, out_features: int) -> None:
+    """One-hot rows read single weights back: every path (one row in output pairs, tiles
+    from the codes, tiles from a formed row) multiplies exactly the dense weight."""
+    codes, scale, zero, dense = _q4(out_features)
+    codes8, scale8, dense8 = _q8(out_features)
+    columns = torch.randperm(dense.shape[1])[:rows]
+    x = torch.eye(dense.shape[1])[columns]
+    assert torch.equal(cpu_quant.q4_linear(x, codes, scale, zero), dense[:, columns].T)
+    assert torch.equal(cpu_quant.q8_linear(x, codes8, scale8), dense8[:, columns].T)
+
+
+@pytest.mark.parametrize("out_features", [80, 81])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(out_features: int) -> None:
     """Batch invariance on the kernels' path (up to DENSE_ROWS rows, every decode step of up
     to that many sequences): each output sums its lanes in a fixed order, alone or not."""
-    codes, scale, zero, dense = _q4()
-    codes8, scale8, _ = _q8()
+    codes, scale, zero, dense = _q4(out_features)
+    codes8, scale8, _ = _q8(out_features)
     x = torch.randn(cpu_quant.DENSE_ROWS, dense.shape[1])
     together = cpu_quant.q4_linear(x, codes, scale, zero)
     together8 = cpu_quant.q8_linear(x, codes8, scale8)
@@ -99,6 +113,19 @@ def test_layer_adds_bias_and_keeps_leading_dimensions() -> None:
     ref = F.linear(x, q.dequantize(), bias)
     assert got.shape == (2, 3, 48)
     assert _rel_err(got, ref) < 1e-5
+
+
+def test_a_layer_whose_buffers_were_replaced_reads_the_new_ones() -> None:
+    """``model.to()`` swaps buffers for new tensors; the kernels must not keep old addresses."""
+    torch.manual_seed(2)
+    q = quantize_q4(torch.randn(48, 64))
+    layer = Q4Float32Linear(q, None)
+    x = torch.randn(1, 64)
+    with torch.inference_mode():
+        before = layer(x)
+        layer._apply(lambda t: t.clone())
+        assert torch.equal(layer(x), before)
+    assert layer.__dict__["_packed"].tensors[0] is layer.codes
 
 
 def test_inputs_not_in_groups_of_32_are_refused_by_name() -> None:
