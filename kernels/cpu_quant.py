@@ -84,6 +84,11 @@ class Packed:
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` for float32 ``x [rows, in]``."""
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            # The kernels take the width from x: a wrong one would read past the weights.
+            raise ValueError(
+                f"the weight takes [rows, {self.in_features}] inputs, got {tuple(x.shape)}"
+            )
         if x.shape[0] > DENSE_ROWS:
             return _dense(x, q4_dequantize if self._q4 else q8_dequantize, *self.tensors)
         lib = _library()

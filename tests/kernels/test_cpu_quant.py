@@ -139,6 +139,8 @@ def test_non_contiguous_inputs_are_refused_not_misread() -> None:
         cpu_quant.q4_dequantize(codes, scale.t().contiguous().t(), zero)
     with pytest.raises(ValueError, match=r"float32 activations, not torch\.float64"):
         cpu_quant.q4_linear(torch.zeros(1, 160, dtype=torch.float64), codes, scale, zero)
+    with pytest.raises(ValueError, match=r"takes \[rows, 160\] inputs, got \(1, 192\)"):
+        cpu_quant.q4_linear(torch.zeros(1, 192), codes, scale, zero)
 
 
 def test_without_a_compiler_it_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
