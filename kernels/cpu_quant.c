@@ -34,22 +34,32 @@ typedef int8_t i8x16 __attribute__((vector_size(16)));
 #define MULADD(a, b, c) ((a) * (b) + (c))
 #endif
 
+#ifdef __AVX2__
+/* The 32 weights of one 4-bit group in four registers of eight: (q - 8) * scale + zero.
+ * Compilers do not vectorise the nibble split well; AVX2 does it in a few instructions. */
+static inline __attribute__((always_inline)) void form_q4(const uint8_t *bytes, float scale,
+                                                          float zero, __m256 w[4])
+{
+    const __m128i b = _mm_loadu_si128((const __m128i *)bytes), mask = _mm_set1_epi8(15);
+    const __m128i low = _mm_and_si128(b, mask), high = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    const __m128i parts[4] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
+    const __m256i eight = _mm256_set1_epi32(8);
+    const __m256 s = _mm256_set1_ps(scale), z = _mm256_set1_ps(zero);
+    for (int p = 0; p < 4; p++) {
+        const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(parts[p]), eight);
+        w[p] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), s), z);
+    }
+}
+#endif
+
 /* The 32 float32 weights of one 4-bit group. */
 static inline void unpack_q4(const uint8_t *bytes, float scale, float zero, float *w)
 {
 #ifdef __AVX2__
-    /* Compilers do not vectorise the nibble split well; AVX2 does it in a few instructions. */
-    const __m128i b = _mm_loadu_si128((const __m128i *)bytes), mask = _mm_set1_epi8(15);
-    const __m128i halves[2] = {_mm_and_si128(b, mask), _mm_and_si128(_mm_srli_epi16(b, 4), mask)};
-    const __m256i eight = _mm256_set1_epi32(8);
-    const __m256 s = _mm256_set1_ps(scale), z = _mm256_set1_ps(zero);
-    for (int h = 0; h < 2; h++)
-        for (int part = 0; part < 2; part++) {
-            const __m128i bytes8 = part ? _mm_srli_si128(halves[h], 8) : halves[h];
-            const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes8), eight);
-            const __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), s), z);
-            _mm256_storeu_ps(w + 16 * h + 8 * part, v);
-        }
+    __m256 v[4];
+    form_q4(bytes, scale, zero, v);
+    for (int p = 0; p < 4; p++)
+        _mm256_storeu_ps(w + 8 * p, v[p]);
 #else
     u8x16 b;
     memcpy(&b, bytes, sizeof b);
@@ -109,20 +119,11 @@ static inline __attribute__((always_inline)) void form(const void *codes, int64_
                                                        const float *scale, const float *zero,
                                                        __m256 w[4])
 {
-    const __m256 s = _mm256_set1_ps(scale[at]);
     if (zero) {
-        const __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)codes + at * 16));
-        const __m128i mask = _mm_set1_epi8(15);
-        const __m128i low = _mm_and_si128(b, mask), high = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-        const __m128i parts[4] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
-        const __m256i eight = _mm256_set1_epi32(8);
-        const __m256 z = _mm256_set1_ps(zero[at]);
-        for (int p = 0; p < 4; p++) {
-            const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(parts[p]), eight);
-            w[p] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), s), z);
-        }
+        form_q4((const uint8_t *)codes + at * (GROUP / 2), scale[at], zero[at], w);
     } else {
         const int8_t *bytes = (const int8_t *)codes + at * GROUP;
+        const __m256 s = _mm256_set1_ps(scale[at]);
         for (int p = 0; p < 4; p++) {
             const __m128i b8 = _mm_loadl_epi64((const __m128i *)(bytes + 8 * p));
             w[p] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8)), s);

@@ -185,12 +185,10 @@ def _in_one_call(
     """Run a kernel over all of x's rows (at most DENSE_ROWS) into a new [rows, out] tensor."""
     if x.dtype != torch.float32:
         raise ValueError(f"the quantized CPU kernels take float32 activations, not {x.dtype}")
-    if x.device.type != "cpu":
-        raise ValueError(f"the quantized CPU kernels take CPU activations, not {x.device}")
-    x = x.contiguous()
+    (x_at,) = _addresses(x.contiguous())
     rows, k = x.shape
     out = torch.empty(rows, out_features, dtype=torch.float32)
-    kernel(x.data_ptr(), rows, k, *weights, out_features, out.data_ptr())
+    kernel(x_at, rows, k, *weights, out_features, out.data_ptr())
     return out
 
 
