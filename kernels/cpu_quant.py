@@ -58,7 +58,7 @@ def unavailable(build_dir: Path | None = None) -> str | None:
     global _state
     with _lock:
         if _state is None:
-            _state = _load(build_dir or default_build_dir())
+            _state = load_library(build_dir or default_build_dir())
         return _state[1]
 
 
@@ -217,13 +217,17 @@ def _library() -> ctypes.CDLL:
     return _state[0]
 
 
-def _load(build_dir: Path) -> tuple[ctypes.CDLL | None, str | None]:
-    """Build (once per source, compiler and CPU) and load the library; or say why not."""
+def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | None, str | None]:
+    """Build (once per source, compiler and CPU) and load a library; or say why not.
+
+    The engine loads SOURCE once through :func:`unavailable`; a benchmark may load another
+    version of the source beside it.
+    """
     compiler = _compiler()
     if compiler is None:
         return None, "no C compiler ($CC, cc, gcc or clang) on PATH"
     try:
-        path = _build(compiler, build_dir)
+        path = _build(compiler, build_dir, source)
         lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as err:
         _LOGGER.warning("could not build the quantized CPU kernels: %s", err)
@@ -246,13 +250,13 @@ def _compiler() -> str | None:
     return next((path for name in names if (path := shutil.which(name))), None)
 
 
-def _build(compiler: str, build_dir: Path) -> Path:
-    """Compile the source into build_dir unless a build for this compiler and CPU exists."""
+def _build(compiler: str, build_dir: Path, source: Path) -> Path:
+    """Compile source into build_dir unless a build for this compiler and CPU exists."""
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=True, timeout=30
     ).stdout
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), compiler.encode(), version.encode(), _cpu_flags()):
+    for part in (source.read_bytes(), compiler.encode(), version.encode(), _cpu_flags()):
         key.update(part)
     path = build_dir / f"cpu_quant-{key.hexdigest()[:16]}.so"
     if path.is_file():
@@ -260,7 +264,7 @@ def _build(compiler: str, build_dir: Path) -> Path:
     build_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     # -ffp-contract=off: each weight is rounded as torch rounds it (clang would fuse it).
     base = [compiler, "-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC",
-            "-std=c11", str(SOURCE), "-lm"]  # fmt: skip
+            "-std=c11", str(source), "-lm"]  # fmt: skip
     tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
     # OpenMP shares torch's runtime (the same libgomp); without it one core does the work.
     for extra in (["-fopenmp"], []):

@@ -146,7 +146,10 @@ def test_non_contiguous_inputs_are_refused_not_misread() -> None:
 def test_without_a_compiler_it_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert cpu_quant._load(tmp_path) == (None, "no C compiler ($CC, cc, gcc or clang) on PATH")
+    assert cpu_quant.load_library(tmp_path) == (
+        None,
+        "no C compiler ($CC, cc, gcc or clang) on PATH",
+    )
 
 
 def test_a_failing_build_is_reported_not_raised(
@@ -159,19 +162,19 @@ def test_a_failing_build_is_reported_not_raised(
     )
     broken.chmod(0o755)
     monkeypatch.setenv("CC", str(broken))
-    lib, reason = cpu_quant._load(tmp_path / "build")
+    lib, reason = cpu_quant.load_library(tmp_path / "build")
     assert lib is None
     assert reason == f"building them with {broken} failed: no such flag"
 
 
 def test_a_build_is_reused_for_the_same_source_compiler_and_cpu(tmp_path: Path) -> None:
-    lib, reason = cpu_quant._load(tmp_path)
+    lib, reason = cpu_quant.load_library(tmp_path)
     assert reason is None
     assert lib is not None
     built = list(tmp_path.glob("cpu_quant-*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
-    cpu_quant._load(tmp_path)
+    cpu_quant.load_library(tmp_path)
     assert [p.stat().st_mtime_ns for p in tmp_path.glob("cpu_quant-*.so")] == [stamp]
 
 
@@ -180,3 +183,14 @@ def test_the_default_build_folder_is_the_users_own_cache(
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cpu_quant.default_build_dir() == tmp_path / "paged-llm" / "kernels"
+
+
+def test_another_version_of_the_source_builds_beside_the_engines(tmp_path: Path) -> None:
+    """A benchmark can load an older kernel next to the current one: each source its own build."""
+    other = tmp_path / "other.c"
+    other.write_text(cpu_quant.SOURCE.read_text() + "\n/* another version */\n")
+    first, _ = cpu_quant.load_library(tmp_path / "build")
+    second, reason = cpu_quant.load_library(tmp_path / "build", other)
+    assert reason is None
+    assert first is not None and second is not None
+    assert len(list((tmp_path / "build").glob("cpu_quant-*.so"))) == 2
