@@ -74,11 +74,15 @@ def main() -> None:
     )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for batch in (1, 8, 32):
-        params = SamplingParams(temperature=0, max_tokens=args.steps + 4, ignore_eos=True)
+        params = SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
         for i in range(batch):
             engine.add_request(list(range(1000 + i, 1064 + i)), params, request_id=f"{batch}-{i}")
-        for _ in range(3):
-            engine.step()  # prefill and warm-up
+        # Prefill (the token budget spreads 32 prompts over several steps), then warm up:
+        # the profiled steps must all be pure decode steps.
+        sched = engine.scheduler
+        while sched.num_waiting or any(s.num_output_tokens == 0 for s in sched.running):
+            engine.step()
+        engine.step()
         clock.seconds = 0.0
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             started = time.perf_counter()
