@@ -8,16 +8,17 @@
  * so no compiler fuses it into one rounding), the very value the dense path multiplies;
  * only the order of the sums differs from a dense product. Each output of a row sums in a
  * fixed order that does not depend on the other rows of the call (batch invariance).
- * With AVX2 and FMA the weights stay in registers and each row keeps two 8-lane
- * accumulators; elsewhere portable C that compilers vectorise with -march=native (ARM64)
- * sums in 32 lanes.
+ * With AVX-512 or AVX2 (and FMA) the weights stay in registers and each (row, output) keeps
+ * its own accumulators (two of 16 lanes, or one of 8); elsewhere portable C that compilers
+ * vectorise with -march=native (ARM64) sums in 32 lanes. The sums, and so the last bits,
+ * differ between these paths, never between calls on one machine.
  */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -34,32 +35,76 @@ typedef int8_t i8x16 __attribute__((vector_size(16)));
 #define MULADD(a, b, c) ((a) * (b) + (c))
 #endif
 
-#ifdef __AVX2__
-/* The 32 weights of one 4-bit group in four registers of eight: (q - 8) * scale + zero.
- * Compilers do not vectorise the nibble split well; AVX2 does it in a few instructions. */
+#if defined(__AVX512F__)
+/* 16 lanes and 32 registers. */
+typedef __m512 vec;
+#define LANES 16
+#define vzero _mm512_setzero_ps
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vfmadd _mm512_fmadd_ps
+#define vadd _mm512_add_ps
+#define vmul _mm512_mul_ps
+#define vset1 _mm512_set1_ps
+/* A register of floats from the LANES signed bytes at p, or in b. */
+#define load_i8(p) _mm_loadu_si128((const __m128i *)(p))
+#define vcvt_i8(b) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))
+/* A 4-bit group's values 0..15 and 16..31 (low and high nibbles) as LANES bytes each. */
+#define SPLIT_NIBBLES(low, high) {low, high}
+#define VEC_FORM 1
+#elif defined(__AVX2__)
+/* 8 lanes and 16 registers. */
+typedef __m256 vec;
+#define LANES 8
+#define vzero _mm256_setzero_ps
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vfmadd _mm256_fmadd_ps
+#define vadd _mm256_add_ps
+#define vmul _mm256_mul_ps
+#define vset1 _mm256_set1_ps
+#define load_i8(p) _mm_loadl_epi64((const __m128i *)(p))
+#define vcvt_i8(b) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))
+#define SPLIT_NIBBLES(low, high) {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)}
+#define VEC_FORM 1
+#endif
+
+#ifdef VEC_FORM
+#define PARTS (GROUP / LANES)
+
+/* The 32 weights of one 4-bit group in PARTS registers: (q - 8) * scale + zero.
+ * Compilers do not vectorise the nibble split well; SSE2 does it in a few instructions. */
 static inline __attribute__((always_inline)) void form_q4(const uint8_t *bytes, float scale,
-                                                          float zero, __m256 w[4])
+                                                          float zero, vec w[PARTS])
 {
     const __m128i b = _mm_loadu_si128((const __m128i *)bytes), mask = _mm_set1_epi8(15);
-    const __m128i low = _mm_and_si128(b, mask), high = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-    const __m128i parts[4] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
-    const __m256i eight = _mm256_set1_epi32(8);
-    const __m256 s = _mm256_set1_ps(scale), z = _mm256_set1_ps(zero);
-    for (int p = 0; p < 4; p++) {
-        const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(parts[p]), eight);
-        w[p] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), s), z);
-    }
+    const __m128i eight = _mm_set1_epi8(8);
+    const __m128i low = _mm_sub_epi8(_mm_and_si128(b, mask), eight);
+    const __m128i high = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), mask), eight);
+    const __m128i parts[PARTS] = SPLIT_NIBBLES(low, high);
+    const vec s = vset1(scale), z = vset1(zero);
+    for (int p = 0; p < PARTS; p++)
+        w[p] = vadd(vmul(vcvt_i8(parts[p]), s), z);
+}
+
+/* The 32 weights of one 8-bit group in PARTS registers: q * scale. */
+static inline __attribute__((always_inline)) void form_q8(const int8_t *bytes, float scale,
+                                                          vec w[PARTS])
+{
+    const vec s = vset1(scale);
+    for (int p = 0; p < PARTS; p++)
+        w[p] = vmul(vcvt_i8(load_i8(bytes + LANES * p)), s);
 }
 #endif
 
 /* The 32 float32 weights of one 4-bit group. */
 static inline void unpack_q4(const uint8_t *bytes, float scale, float zero, float *w)
 {
-#ifdef __AVX2__
-    __m256 v[4];
+#ifdef VEC_FORM
+    vec v[PARTS];
     form_q4(bytes, scale, zero, v);
-    for (int p = 0; p < 4; p++)
-        _mm256_storeu_ps(w + 8 * p, v[p]);
+    for (int p = 0; p < PARTS; p++)
+        vstore(w + LANES * p, v[p]);
 #else
     u8x16 b;
     memcpy(&b, bytes, sizeof b);
@@ -109,144 +154,200 @@ static inline void finish(float acc[][GROUP], int64_t rows, int64_t n, int64_t o
     }
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-/* Eight lanes of w * x added to acc with one rounding, as the portable path's MULADD. */
-#define LANES 8
-#define TILE 4 /* rows whose accumulators stay in registers (2 per row, 4 weight registers) */
+#if defined(VEC_FORM) && defined(__FMA__)
+/* A register's lanes of w * x added to acc with one rounding, as the portable path's MULADD. */
+#define SINGLE 4 /* outputs one row takes at a time: four outputs' multiply-adds at once */
+#define BLOCK 8  /* outputs formed into the buffer at once when a call has more than TILE rows */
+#ifdef __AVX512F__
+/* Accumulators per (row, output): with 32 registers a group's two halves keep one each, so
+ * a row runs twice the chains of multiply-adds (a 4 x 2 tile then holds 16 of them). */
+#define ACCS 2
+#define TILE 6 /* rows of a tile: 6 rows x 2 outputs x 2 accumulators stay in registers */
+#else
+#define TILE 4 /* rows of a tile: 4 rows x 2 outputs of accumulators stay in registers */
+#define ACCS 1 /* 16 registers: a 4 x 2 tile fits with one accumulator each, not two */
+#endif
 
-/* The 32 weights of one group in four registers, formed as unpack_q4 and unpack_q8 form them. */
+/* The 32 weights of one group in registers, formed as unpack_q4 and unpack_q8 form them. */
 static inline __attribute__((always_inline)) void form(const void *codes, int64_t at,
                                                        const float *scale, const float *zero,
-                                                       __m256 w[4])
+                                                       vec w[PARTS])
 {
-    if (zero) {
+    if (zero)
         form_q4((const uint8_t *)codes + at * (GROUP / 2), scale[at], zero[at], w);
-    } else {
-        const int8_t *bytes = (const int8_t *)codes + at * GROUP;
-        const __m256 s = _mm256_set1_ps(scale[at]);
-        for (int p = 0; p < 4; p++) {
-            const __m128i b8 = _mm_loadl_epi64((const __m128i *)(bytes + 8 * p));
-            w[p] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8)), s);
-        }
-    }
+    else
+        form_q8((const int8_t *)codes + at * GROUP, scale[at], w);
 }
 
-/* A fixed pairwise sum of one row's sixteen lanes: the same bits on every call. */
-static inline float sum_lanes(__m256 a, __m256 b)
+/* One output's accumulators summed in a fixed order (the accumulators in order, then a
+ * pairwise sum of the lanes): the same bits on every call. */
+static inline float sum_lanes(const vec acc[ACCS])
 {
+    vec a = acc[0];
+    for (int c = 1; c < ACCS; c++)
+        a = vadd(a, acc[c]);
     float lane[LANES];
-    _mm256_storeu_ps(lane, _mm256_add_ps(a, b));
+    vstore(lane, a);
     for (int width = LANES / 2; width > 0; width /= 2)
         for (int l = 0; l < width; l++)
             lane[l] += lane[l + width];
     return lane[0];
 }
 
-/* Output o of R rows (R <= TILE, a constant where it is inlined) into y[m * n + o].
- * Each row has two accumulators, the group's first and third eight weights going to one and
- * the second and fourth to the other, in group order: the same sums whatever R is, so a
- * row's result does not depend on the rows beside it. The weights come from `formed` (one
- * output's row, formed once for several tiles) or, when it is NULL, from the codes. */
-static inline __attribute__((always_inline)) void tile(int R, const float *x, int64_t k,
+/* Every path below sums output o of a row the same way: part p of each group (in order)
+ * goes into accumulator p % ACCS, then sum_lanes. So a row's result does not depend on the
+ * rows beside it nor on the path its call takes (batch invariance). */
+
+/* Outputs o..o+O-1 of one row (O <= SINGLE, a constant where it is inlined), formed from the
+ * codes: one row has too little work per weight to hide a multiply-add's latency with fewer
+ * chains. */
+static inline __attribute__((always_inline)) void single(int O, const float *x, int64_t k,
+                                                         const void *codes, const float *scale,
+                                                         const float *zero, int64_t o, float *y)
+{
+    vec acc[SINGLE][ACCS];
+    for (int j = 0; j < O; j++)
+        for (int c = 0; c < ACCS; c++)
+            acc[j][c] = vzero();
+    const int64_t groups = k / GROUP;
+    /* Ask for the codes of the outputs 2 * SINGLE ahead early, a cache line at a time: one
+     * row's work per byte is too little for the hardware prefetcher to keep ahead of it
+     * (measured: 6 against 9 G weights/s). */
+    const int64_t bytes = zero ? GROUP / 2 : GROUP;
+    const uint8_t *next = (const uint8_t *)codes + (o + 2 * SINGLE) * groups * bytes;
+    for (int64_t g = 0; g < groups; g++) {
+        for (int64_t at = g * SINGLE * bytes; at < (g + 1) * SINGLE * bytes; at += 64)
+            __builtin_prefetch(next + at);
+        vec xp[PARTS];
+        for (int p = 0; p < PARTS; p++)
+            xp[p] = vload(x + g * GROUP + LANES * p);
+        for (int j = 0; j < O; j++) {
+            vec w[PARTS];
+            form(codes, (o + j) * groups + g, scale, zero, w);
+            for (int p = 0; p < PARTS; p++)
+                acc[j][p % ACCS] = vfmadd(w[p], xp[p], acc[j][p % ACCS]);
+        }
+    }
+    for (int j = 0; j < O; j++)
+        y[o + j] = sum_lanes(acc[j]);
+}
+
+/* Outputs o..o+O-1 (O <= 2) of R rows (R <= TILE), constants where it is inlined, into
+ * y[r * n + o]. The weights come from `formed` (rows of k weights, one per output, formed
+ * once for several tiles) or, when it is NULL, straight from the codes. */
+static inline __attribute__((always_inline)) void tile(int R, int O, const float *x, int64_t k,
                                                        const void *codes, const float *scale,
                                                        const float *zero, const float *formed,
                                                        int64_t n, int64_t o, float *y)
 {
-    __m256 acc[TILE][2];
+    vec acc[TILE][2][ACCS];
     for (int r = 0; r < R; r++)
-        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int j = 0; j < O; j++)
+            for (int c = 0; c < ACCS; c++)
+                acc[r][j][c] = vzero();
     const int64_t groups = k / GROUP;
-    for (int64_t g = 0; g < groups; g++) {
-        __m256 w[4];
-        if (formed)
-            for (int p = 0; p < 4; p++)
-                w[p] = _mm256_loadu_ps(formed + g * GROUP + LANES * p);
-        else
-            form(codes, o * groups + g, scale, zero, w);
-        for (int r = 0; r < R; r++) {
-            const float *xg = x + r * k + g * GROUP;
-            for (int p = 0; p < 4; p++)
-                acc[r][p & 1] = _mm256_fmadd_ps(w[p], _mm256_loadu_ps(xg + LANES * p), acc[r][p & 1]);
-        }
+    if (formed) {
+        /* The outputs share each load of a row's inputs. */
+        for (int64_t g = 0; g < groups; g++)
+            for (int p = 0; p < PARTS; p++) {
+                const int64_t i = g * GROUP + LANES * p;
+                vec w[2];
+                for (int j = 0; j < O; j++)
+                    w[j] = vload(formed + j * k + i);
+                for (int r = 0; r < R; r++) {
+                    const vec xp = vload(x + r * k + i);
+                    for (int j = 0; j < O; j++)
+                        acc[r][j][p % ACCS] = vfmadd(w[j], xp, acc[r][j][p % ACCS]);
+                }
+            }
+    } else {
+        for (int64_t g = 0; g < groups; g++)
+            for (int j = 0; j < O; j++) {
+                vec w[PARTS];
+                form(codes, (o + j) * groups + g, scale, zero, w);
+                for (int r = 0; r < R; r++)
+                    for (int p = 0; p < PARTS; p++)
+                        acc[r][j][p % ACCS] = vfmadd(
+                            w[p], vload(x + r * k + g * GROUP + LANES * p), acc[r][j][p % ACCS]);
+            }
     }
     for (int r = 0; r < R; r++)
-        y[r * n + o] = sum_lanes(acc[r][0], acc[r][1]);
+        for (int j = 0; j < O; j++)
+            y[r * n + o + j] = sum_lanes(acc[r][j]);
 }
 
-/* Outputs o and o + 1 of one row: tile(1, ...) twice, interleaved so that four chains of
- * multiply-adds run at once instead of two (one row alone waits on their latency). */
-static inline void pair(const float *x, int64_t k, const void *codes, const float *scale,
-                        const float *zero, int64_t o, float *y)
-{
-    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
-                        {_mm256_setzero_ps(), _mm256_setzero_ps()}};
-    const int64_t groups = k / GROUP;
-    /* Ask for the next pairs' codes early: one row's work per byte is too little for the
-     * hardware prefetcher to keep ahead of it (measured: 6 against 9 G weights/s). */
-    const int64_t ahead = 4 * groups;
-    for (int64_t g = 0; g < groups; g++) {
-        if (zero) {
-            if (g % 2 == 0)
-                __builtin_prefetch((const uint8_t *)codes + (o * groups + ahead + g * 2) * 16);
-        } else
-            __builtin_prefetch((const int8_t *)codes + (o * groups + ahead + g * 2) * GROUP);
-        __m256 w[2][4];
-        form(codes, o * groups + g, scale, zero, w[0]);
-        form(codes, (o + 1) * groups + g, scale, zero, w[1]);
-        for (int p = 0; p < 4; p++) {
-            const __m256 xp = _mm256_loadu_ps(x + g * GROUP + LANES * p);
-            for (int j = 0; j < 2; j++)
-                acc[j][p & 1] = _mm256_fmadd_ps(w[j][p], xp, acc[j][p & 1]);
-        }
-    }
-    for (int j = 0; j < 2; j++)
-        y[o + j] = sum_lanes(acc[j][0], acc[j][1]);
-}
-
-/* R rows of output o, R a run-time value up to TILE, as a call with the constant. */
-static inline void tile_of(int64_t R, const float *x, int64_t k, const void *codes,
+/* tile() with R and O known only at run time, as a call with the constants. */
+static inline void tile_of(int64_t R, int64_t O, const float *x, int64_t k, const void *codes,
                            const float *scale, const float *zero, const float *formed, int64_t n,
                            int64_t o, float *y)
 {
+#define TILE_CASE(r)                                                                            \
+    case r:                                                                                    \
+        if (O == 2)                                                                            \
+            tile(r, 2, x, k, codes, scale, zero, formed, n, o, y);                             \
+        else                                                                                   \
+            tile(r, 1, x, k, codes, scale, zero, formed, n, o, y);                             \
+        break;
     switch (R) {
-    case 1: tile(1, x, k, codes, scale, zero, formed, n, o, y); break;
-    case 2: tile(2, x, k, codes, scale, zero, formed, n, o, y); break;
-    case 3: tile(3, x, k, codes, scale, zero, formed, n, o, y); break;
-    default: tile(4, x, k, codes, scale, zero, formed, n, o, y); break;
+        TILE_CASE(1)
+        TILE_CASE(2)
+        TILE_CASE(3)
+#if TILE > 4
+        TILE_CASE(4)
+        TILE_CASE(5)
+    default:
+        TILE_CASE(6)
+#else
+    default:
+        TILE_CASE(4)
+#endif
     }
+#undef TILE_CASE
 }
 
 /* y[m, o] = sum_i x[m, i] * w[o, i] for rows <= MAX_ROWS, w 4-bit (zero given) or 8-bit.
- * One row takes its outputs in pairs; up to TILE rows the weights go from the codes straight
- * into registers; with more, each output's row of weights is formed once into a buffer that
- * stays in cache for every tile. */
+ * One row takes SINGLE outputs at a time; up to TILE rows, a tile per output takes the
+ * weights from the codes straight into registers; with more, BLOCK outputs' weights are
+ * formed once into a per-thread buffer and tiles of two outputs read them from cache, so
+ * the outputs share each load of the rows' inputs (what many rows spend their time on). */
 static inline void linear(const float *x, int64_t rows, int64_t k, const void *codes,
                           const float *scale, const float *zero, int64_t n, float *y)
 {
     const int64_t groups = k / GROUP;
     if (rows == 1) {
+        const int64_t whole = n - n % SINGLE;
 #pragma omp parallel for schedule(static)
-        for (int64_t o = 0; o < n - 1; o += 2)
-            pair(x, k, codes, scale, zero, o, y);
-        if (n % 2)
-            tile(1, x, k, codes, scale, zero, NULL, n, n - 1, y);
+        for (int64_t o = 0; o < whole; o += SINGLE)
+            single(SINGLE, x, k, codes, scale, zero, o, y);
+        for (int64_t o = whole; o < n; o++)
+            single(1, x, k, codes, scale, zero, o, y);
+        return;
+    }
+    if (rows <= TILE) {
+#pragma omp parallel for schedule(static)
+        for (int64_t o = 0; o < n; o++)
+            tile_of(rows, 1, x, k, codes, scale, zero, NULL, n, o, y);
         return;
     }
 #pragma omp parallel
     {
-        float *formed = rows > TILE ? malloc(sizeof(float) * k) : NULL;
+        float *formed = malloc(sizeof(float) * BLOCK * k);
 #pragma omp for schedule(static)
-        for (int64_t o = 0; o < n; o++) {
-            /* Without the buffer (few rows, or no memory for it) each tile forms its own. */
-            for (int64_t g = 0; formed && g < groups; g++) {
-                __m256 w[4];
-                form(codes, o * groups + g, scale, zero, w);
-                for (int p = 0; p < 4; p++)
-                    _mm256_storeu_ps(formed + g * GROUP + LANES * p, w[p]);
-            }
+        for (int64_t b = 0; b < n; b += BLOCK) {
+            const int64_t width = n - b < BLOCK ? n - b : BLOCK;
+            /* Without the buffer (no memory for it) each tile forms its own weights. */
+            for (int64_t j = 0; formed && j < width; j++)
+                for (int64_t g = 0; g < groups; g++) {
+                    vec w[PARTS];
+                    form(codes, (b + j) * groups + g, scale, zero, w);
+                    for (int p = 0; p < PARTS; p++)
+                        vstore(formed + j * k + g * GROUP + LANES * p, w[p]);
+                }
             for (int64_t m = 0; m < rows; m += TILE)
-                tile_of(rows - m < TILE ? rows - m : TILE, x + m * k, k, codes, scale, zero,
-                        formed, n, o, y + m * n);
+                for (int64_t j = 0; j < width; j += 2)
+                    tile_of(rows - m < TILE ? rows - m : TILE, width - j < 2 ? 1 : 2, x + m * k,
+                            k, codes, scale, zero, formed ? formed + j * k : NULL, n, b + j,
+                            y + m * n);
         }
         free(formed);
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import pytest
@@ -75,8 +76,8 @@ def test_q8_linear_is_the_dense_product_up_to_summation_order(rows: int) -> None
     assert _rel_err(got, F.linear(x, dense)) < 1e-5
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4, 5, 9, cpu_quant.DENSE_ROWS])
-@pytest.mark.parametrize("out_features", [80, 81])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 9, 13, cpu_quant.DENSE_ROWS])
+@pytest.mark.parametrize("out_features", [80, 81, 83])
 def test_the_products_weights_are_the_dense_ones_bit_for_bit(rows: int, out_features: int) -> None:
     """One-hot rows read single weights back: every path (one row in output pairs, tiles
     from the codes, tiles from a formed row) multiplies exactly the dense weight."""
@@ -88,7 +89,7 @@ def test_the_products_weights_are_the_dense_ones_bit_for_bit(rows: int, out_feat
     assert torch.equal(cpu_quant.q8_linear(x, codes8, scale8), dense8[:, columns].T)
 
 
-@pytest.mark.parametrize("out_features", [80, 81])
+@pytest.mark.parametrize("out_features", [80, 81, 83])
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it(out_features: int) -> None:
     """Batch invariance on the kernels' path (up to DENSE_ROWS rows, every decode step of up
     to that many sequences): each output sums its lanes in a fixed order, alone or not."""
@@ -194,3 +195,60 @@ def test_another_version_of_the_source_builds_beside_the_engines(tmp_path: Path)
     assert reason is None
     assert first is not None and second is not None
     assert len(list((tmp_path / "build").glob("cpu_quant-*.so"))) == 2
+
+
+# The C source takes the widest vector path the build's -march=native allows; hiding a
+# feature's macro from it builds the narrower paths on the same CPU.
+_NARROWER = {"avx2": ["__AVX512F__"], "portable": ["__AVX512F__", "__AVX2__"]}
+
+
+def _cpu_has(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists a CPU feature."""
+    return flag in cpu_quant._cpu_flags().decode().split()
+
+
+@pytest.fixture(scope="module", params=["native", "avx2", "portable"])
+def library(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> ctypes.CDLL:
+    """The kernels built with each vector path this CPU can run."""
+    if request.param == "avx2" and not (_cpu_has("avx2") and _cpu_has("avx512f")):
+        pytest.skip("the AVX2 path is the native one or not runnable here")
+    source = cpu_quant.SOURCE.read_text()
+    for macro in _NARROWER.get(request.param, []):
+        source = source.replace(macro, f"__HIDDEN{macro}")
+    path = tmp_path_factory.mktemp(request.param) / "cpu_quant.c"
+    path.write_text(source)
+    lib, reason = cpu_quant.load_library(path.parent / "build", path)
+    assert lib is not None, reason
+    return lib
+
+
+def _product(lib: ctypes.CDLL, x: torch.Tensor, *weight: torch.Tensor) -> torch.Tensor:
+    """x @ W.T through one build's q4_linear (codes, scale, zero) or q8_linear (codes, scale)."""
+    n, rows, k = weight[0].shape[0], x.shape[0], x.shape[1]
+    out = torch.empty(rows, n)
+    kernel = lib.q4_linear if len(weight) == 3 else lib.q8_linear
+    kernel(x.data_ptr(), rows, k, *(w.data_ptr() for w in weight), n, out.data_ptr())
+    return out
+
+
+def test_every_vector_path_keeps_the_weights_and_batch_invariance(library: ctypes.CDLL) -> None:
+    """Each path a CPU may take: the dense weights bit for bit, the product up to summation
+    order, and a row's result the same alone or beside others."""
+    codes, scale, zero, dense = _q4(83)
+    codes8, scale8, dense8 = _q8(83)
+    for rows in (1, 2, 5, 7, 13, cpu_quant.MAX_ROWS):
+        columns = torch.randperm(dense.shape[1])[:rows]
+        x = torch.eye(dense.shape[1])[columns]
+        assert torch.equal(_product(library, x, codes, scale, zero), dense[:, columns].T)
+        assert torch.equal(_product(library, x, codes8, scale8), dense8[:, columns].T)
+    x = torch.randn(cpu_quant.MAX_ROWS, dense.shape[1])
+    together = _product(library, x, codes, scale, zero)
+    together8 = _product(library, x, codes8, scale8)
+    assert _rel_err(together, F.linear(x, dense)) < 1e-5
+    assert _rel_err(together8, F.linear(x, dense8)) < 1e-5
+    for row in range(x.shape[0]):
+        alone = x[row : row + 1]
+        assert torch.equal(_product(library, alone, codes, scale, zero)[0], together[row])
+        assert torch.equal(_product(library, alone, codes8, scale8)[0], together8[row])
