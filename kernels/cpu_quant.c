@@ -155,16 +155,20 @@ static inline void finish(float acc[][GROUP], int64_t rows, int64_t n, int64_t o
 }
 
 #if defined(VEC_FORM) && defined(__FMA__)
-/* A register's lanes of w * x added to acc with one rounding, as the portable path's MULADD. */
+/* vfmadd adds w * x to acc lane by lane with one rounding, as the portable path's MULADD. */
 #define SINGLE 4 /* outputs one row takes at a time: four outputs' multiply-adds at once */
-#define BLOCK 8  /* outputs formed into the buffer at once when a call has more than TILE rows */
+#define BLOCK 8  /* outputs formed into the buffer at once above CODES_ROWS rows */
 #ifdef __AVX512F__
 /* Accumulators per (row, output): with 32 registers a group's two halves keep one each, so
- * a row runs twice the chains of multiply-adds (a 4 x 2 tile then holds 16 of them). */
+ * a row runs twice the chains of multiply-adds (a 6 x 2 tile then holds 24 of them). */
 #define ACCS 2
 #define TILE 6 /* rows of a tile: 6 rows x 2 outputs x 2 accumulators stay in registers */
+/* Rows up to which each tile forms its weights from the codes again rather than reading them
+ * formed into a buffer: forming 16 weights an instruction is cheap (measured, 8 and 12 rows). */
+#define CODES_ROWS (2 * TILE)
 #else
 #define TILE 4 /* rows of a tile: 4 rows x 2 outputs of accumulators stay in registers */
+#define CODES_ROWS TILE
 #define ACCS 1 /* 16 registers: a 4 x 2 tile fits with one accumulator each, not two */
 #endif
 
@@ -306,7 +310,7 @@ static inline void tile_of(int64_t R, int64_t O, const float *x, int64_t k, cons
 }
 
 /* y[m, o] = sum_i x[m, i] * w[o, i] for rows <= MAX_ROWS, w 4-bit (zero given) or 8-bit.
- * One row takes SINGLE outputs at a time; up to TILE rows, a tile per output takes the
+ * One row takes SINGLE outputs at a time; up to CODES_ROWS rows, tiles of one output take the
  * weights from the codes straight into registers; with more, BLOCK outputs' weights are
  * formed once into a per-thread buffer and tiles of two outputs read them from cache, so
  * the outputs share each load of the rows' inputs (what many rows spend their time on). */
@@ -323,10 +327,12 @@ static inline void linear(const float *x, int64_t rows, int64_t k, const void *c
             single(1, x, k, codes, scale, zero, o, y);
         return;
     }
-    if (rows <= TILE) {
+    if (rows <= CODES_ROWS) {
 #pragma omp parallel for schedule(static)
         for (int64_t o = 0; o < n; o++)
-            tile_of(rows, 1, x, k, codes, scale, zero, NULL, n, o, y);
+            for (int64_t m = 0; m < rows; m += TILE)
+                tile_of(rows - m < TILE ? rows - m : TILE, 1, x + m * k, k, codes, scale, zero,
+                        NULL, n, o, y + m * n);
         return;
     }
 #pragma omp parallel
