@@ -120,9 +120,13 @@ def prefix_experiment(
 def overhead_experiment(
     loaded: LoadedModel, args: argparse.Namespace, sizes: list[int]
 ) -> list[dict[str, Any]]:
-    """Share of decode step time spent outside the model forward, by batch size."""
+    """Share of decode step time spent outside the model forward, by batch size.
+
+    Each size runs ``args.decode_rounds`` times and keeps its fastest round: one round is
+    about 30 steps, and on a shared 2-core machine single rounds varied by 40%.
+    """
     rows = []
-    for n in sizes:
+    for n in (n for n in sizes for _ in range(args.decode_rounds)):
         config = engine_config(args, KVLayout.PAGED)
         config.max_num_seqs = max(n, config.max_num_seqs)
         # Long enough that the first sequences still decode when the last prefill ends,
@@ -159,7 +163,12 @@ def overhead_experiment(
             }
         )
         engine.close()
-    return rows
+    fastest: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        best = fastest.get(row["sequences"])
+        if best is None or (row["tokens_per_s"] or 0) > (best["tokens_per_s"] or 0):
+            fastest[row["sequences"]] = row
+    return list(fastest.values())
 
 
 def batch32_experiment(
