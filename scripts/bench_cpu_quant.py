@@ -3,8 +3,9 @@
 ``.venv/bin/python scripts/bench_cpu_quant.py [--against REV|FILE] [--rows 1,2,4,8,32]``: times
 all 210 4-bit layers of SmolLM2-135M (random weights, so the codes come from memory as in a
 decode step) and its 49,152 x 576 8-bit output projection, per number of rows. With
-``--against`` the source of that git revision (or that C file) is built too and the two alternate round by
-round, so a busy machine skews them alike; prints the best round of each, in milliseconds.
+``--against`` the source of that git revision (or that C file) is built too and the two
+alternate round by round, so a busy machine skews them alike; prints the best round of
+each, in milliseconds.
 """
 
 from __future__ import annotations
