@@ -193,7 +193,8 @@ def test_another_version_of_the_source_builds_beside_the_engines(tmp_path: Path)
     first, _ = cpu_quant.load_library(tmp_path / "build")
     second, reason = cpu_quant.load_library(tmp_path / "build", other)
     assert reason is None
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     assert len(list((tmp_path / "build").glob("cpu_quant-*.so"))) == 2
 
 
