@@ -40,8 +40,9 @@ class SchedulerConfig:
 
     ``interactive_kv_reserve`` is the share of the KV pool that only interactive requests
     may use, so a voice query finds room however much background work holds.
-    ``interactive_step_seconds`` is the step time budget of the latency policy; it holds
-    for ``interactive_hold_seconds`` after the last interactive request too, because a
+    ``interactive_step_seconds`` bounds the step time budget of the latency policy (which
+    follows the measured time of a voice query's own first step, down to half of it); the
+    budget holds for ``interactive_hold_seconds`` after the last interactive request, as a
     voice query that arrives during a full-budget step waits for that step to end. It
     also bounds a run of steps that interactive prefill takes alone.
     """

@@ -17,6 +17,11 @@ from .step_cost import StepCostModel, StepShape
 RUNNING = SequenceStatus.RUNNING
 # Aging periods a waiting sequence that cannot start may be passed by higher classes.
 PASSING_AGING_PERIODS = 3
+# The latency policy's budget follows the measured focus steps (a voice query's own first
+# step), smoothed with this weight for the newest, and never below this share of
+# interactive_step_seconds (a tiny cached prompt must not stall background prefill).
+FOCUS_SMOOTHING = 0.25
+BUDGET_FLOOR_SHARE = 0.5
 
 
 @dataclass(slots=True)
@@ -79,16 +84,17 @@ class Scheduler:
     A waiting sequence may only preempt a sequence of a strictly lower base class; a
     running one may also preempt its equals or itself. Time: under the latency policy,
     while interactive work runs or waits (and ``interactive_hold_seconds`` after), other
-    classes' prefill chunks are cut to fit ``interactive_step_seconds`` as predicted by a
-    :class:`StepCostModel` learned from the time between ``schedule`` and ``update`` of
-    earlier steps (the first such chunk of each class still gets one block, so other work
-    never starves and an aged summary's prefill cannot hold automations out). A step in
-    which interactive prefill waits (running or queued) is theirs alone: other classes'
-    decodes and prefills sit it out, so a voice query's first token costs about what it
-    costs on an idle engine (should the interactive request not start after all, the
+    classes' prefill chunks are cut to fit a step budget (:meth:`_budget`: the measured time
+    of interactive requests' own first steps, within ``interactive_step_seconds``) as
+    predicted by a :class:`StepCostModel` learned from the time between ``schedule`` and
+    ``update`` of earlier steps (the first such chunk of each class still gets one block, so
+    other work never starves and an aged summary's prefill cannot hold automations out). A
+    step in which interactive prefill waits (running or queued) is theirs alone: other
+    classes' decodes and prefills sit it out, so a voice query's first token costs about
+    what it costs on an idle engine (should the interactive request not start after all, the
     others lose that one step). Such focus steps in a row stop once they have lasted
-    ``interactive_step_seconds``: then everyone runs one step. Admission looks the prefix
-    up once (``get_computed_blocks``), then ``allocate_slots`` takes it or fails; a waiting
+    ``interactive_step_seconds``: then everyone runs one step. Admission looks the prefix up
+    once (``get_computed_blocks``), then ``allocate_slots`` takes it or fails; a waiting
     sequence that cannot start ends admissions for its base class and those below for the
     step (no overtaking within a class); higher classes may pass it for a bounded time
     (:meth:`_passing`).
@@ -117,8 +123,10 @@ class Scheduler:
         self._last_interactive = -math.inf
         # When the current run of focus steps began (None: the last step was not one).
         self._focus_since: float | None = None
-        # The shape and start time of the step between schedule() and update().
-        self._measuring: tuple[StepShape, float] | None = None
+        # Smoothed seconds of the focus steps measured so far (None: none yet).
+        self._focus_seconds: float | None = None
+        # The shape, start time and focus flag of the step between schedule() and update().
+        self._measuring: tuple[StepShape, float, bool] | None = None
         self.num_preemptions = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -251,7 +259,7 @@ class Scheduler:
             self._schedule_prefills(prefilling, step)
         chunks = list(step.chunks.values())
         if chunks:
-            self._measuring = (step.shape, self._timer())
+            self._measuring = (step.shape, self._timer(), step.focus)
         return SchedulerOutput(
             chunks, step.preempted, self.config.max_num_batched_tokens - step.budget
         )
@@ -285,15 +293,30 @@ class Scheduler:
         if now - self._last_interactive > cfg.interactive_hold_seconds:
             self._focus_since = None
             return None, False
-        seconds = cfg.interactive_step_seconds
-        # Focus steps in a row end once they have lasted one budget; the others then run a
-        # step, so a stream of voice queries or one long voice prompt cannot stall them.
-        if not prefill or (self._focus_since is not None and now - self._focus_since >= seconds):
+        seconds = self._budget()
+        # Focus steps in a row end once they have lasted interactive_step_seconds; the
+        # others then run a step, so a stream of voice queries or one long voice prompt
+        # cannot stall them.
+        run = cfg.interactive_step_seconds
+        if not prefill or (self._focus_since is not None and now - self._focus_since >= run):
             self._focus_since = None
             return seconds, False
         if self._focus_since is None:
             self._focus_since = now
         return seconds, True
+
+    def _budget(self) -> float:
+        """The step budget while interactive work is about: as long as its own first steps.
+
+        A voice query that arrives mid-step waits for that step, then runs its own focus
+        step; a budget near the focus step's measured time keeps that wait about as long
+        as its own work, on a fast CPU as on a slow one. ``interactive_step_seconds`` is the
+        most, and half of it the least (before any focus step was measured: the most).
+        """
+        most = self.config.interactive_step_seconds
+        if self._focus_seconds is None:
+            return most
+        return min(most, max(BUDGET_FLOOR_SHARE * most, self._focus_seconds))
 
     def _schedule_prefills(self, prefilling: list[Sequence], step: _Step) -> None:
         """Give the rest of the budget to running prefills and waiting sequences, in order."""
@@ -443,9 +466,15 @@ class Scheduler:
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
         """Account for a finished forward pass; returns the sequences that ended in it."""
         if self._measuring is not None:
-            shape, started = self._measuring
+            shape, started, focus = self._measuring
             self._measuring = None
-            self.cost_model.observe(shape, self._timer() - started)
+            seconds = self._timer() - started
+            self.cost_model.observe(shape, seconds)
+            if focus:
+                last = self._focus_seconds
+                self._focus_seconds = (
+                    seconds if last is None else last + FOCUS_SMOOTHING * (seconds - last)
+                )
         now = self._clock()
         kv = self.kv_manager
         finished: list[Sequence] = []

@@ -241,7 +241,8 @@ def policy_section(data: dict[str, Any], runs: list[SystemRun]) -> list[str]:
             "## Step policies side by side (same workload, same run)",
             "",
             f"Idle voice time to first token (system prompt cached): {fmt(idle)} s. "
-            f"Latency policy step budget: {data.get('step_seconds', '?')} s.",
+            f"Latency policy step budget: at most {data.get('step_seconds', '?')} s (it "
+            "follows the measured voice steps down to half of that).",
             "",
             "| system | interactive TTFT p50 / p95 | p95 vs idle | background tokens/s "
             "| vs fixed | automation tokens/s | automation TTFT p50 / p95 | preemptions |",

@@ -241,3 +241,23 @@ def test_fixed_policy_steps_run_everyone_with_voice() -> None:
     sched.add(seq("voice", 40, Priority.INTERACTIVE, 30))
     chunks, _ = run_step(sched, timer)
     assert chunks == [("auto", 1), ("voice", 40)]
+
+
+@pytest.mark.parametrize(("prompt", "low", "high"), [(40, 0.020, 0.025), (150, 0.035, 0.042)])
+def test_the_budget_follows_the_voices_own_first_step(prompt: int, low: float, high: float) -> None:
+    """A voice query arriving mid-step waits about as long as its own first step takes:
+    the others' steps shrink to the measured focus step (0.014 s for 40 tokens, 0.041 s for
+    150 here), never below half of interactive_step_seconds (0.05 s)."""
+    sched, timer = make("latency")
+    train(sched, timer)
+    sched.add(seq("doc", 8000, Priority.BACKGROUND, 4))
+    sched.add(seq("voice", prompt, Priority.INTERACTIVE, 30))
+    chunks, focus = run_step(sched, timer)
+    assert chunks == [("voice", prompt)]  # its own step, measured
+    costs = []
+    while sched.get("voice") is not None:
+        chunks, cost = run_step(sched, timer)
+        assert "doc" in dict(chunks)  # the summary keeps moving
+        costs.append(cost)
+    assert low < max(costs) <= high * 1.02
+    assert max(costs) >= min(focus, 0.025) * 0.9
