@@ -37,6 +37,7 @@ from bench_report import report, runs_from_json, write_plots
 from bench_runners import (
     CLASSES,
     ROOT,
+    VOICE_CONTEXT,
     RequestResult,
     SystemRun,
     engine_config,
@@ -84,10 +85,20 @@ def run_llama_cpp(workload: list[Any], rounds: int) -> dict[str, Any]:
     run.results = [RequestResult(**row) for row in mix["results"]]
     run.peak_rss = mix["peak_rss"]
     prompt = list(range(1000, 1064))  # the overhead experiment's 64-token prompt shape
+    voice = list(range(1000, 1000 + VOICE_CONTEXT))  # a Home Assistant voice prompt's length
     one = max(decode_rate(binary, gguf, prompt, 1, 64) for _ in range(rounds))
     many = max(decode_rate(binary, gguf, prompt, 32, 64) for _ in range(rounds))
-    print(f"bench: llama.cpp decode tokens/s: 1 request {one:.1f}, 32 at once {many:.1f}")
-    return {"run": run, "one_request_tokens_per_s": one, "batch32_tokens_per_s": many}
+    long = max(decode_rate(binary, gguf, voice, 1, 64) for _ in range(rounds))
+    print(
+        f"bench: llama.cpp decode tokens/s: 1 request {one:.1f}, 32 at once {many:.1f}, "
+        f"1 request after {VOICE_CONTEXT} prompt tokens {long:.1f}"
+    )
+    return {
+        "run": run,
+        "one_request_tokens_per_s": one,
+        "batch32_tokens_per_s": many,
+        "one_request_voice_context_tokens_per_s": long,
+    }
 
 
 def main() -> None:
@@ -300,6 +311,15 @@ def main() -> None:
             [1, 8, 32] if mode == "quick" else [1, 8, 32, 128],
         )
     )
+    if "overhead" not in skip:
+        data["overhead_voice_context"] = timed(
+            "overhead experiment, one request after a voice prompt",
+            overhead_experiment,
+            loaded,
+            args,
+            [1],
+            VOICE_CONTEXT,
+        )
     data["limits"] = in_own_thread(machine_limits, loaded)
     if llama:
         data["llama_cpp"] = llama

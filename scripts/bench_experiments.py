@@ -118,7 +118,7 @@ def prefix_experiment(
 
 
 def overhead_experiment(
-    loaded: LoadedModel, args: argparse.Namespace, sizes: list[int]
+    loaded: LoadedModel, args: argparse.Namespace, sizes: list[int], prompt: int = 64
 ) -> list[dict[str, Any]]:
     """Share of decode step time spent outside the model forward, by batch size.
 
@@ -131,7 +131,7 @@ def overhead_experiment(
         config.max_num_seqs = max(n, config.max_num_seqs)
         # Long enough that the first sequences still decode when the last prefill ends,
         # so there are steps where all n decode together; and room for all of them.
-        prompt, new_tokens = 64, 24 + (n * 64) // config.max_num_batched_tokens + 8
+        new_tokens = 24 + (n * prompt) // config.max_num_batched_tokens + 8
         per_block = kv_bytes_per_block(loaded.model.config, config.block_size, loaded.dtype)
         blocks = cdiv(prompt + new_tokens, config.block_size)
         config.kv_budget = max(config.kv_budget, (blocks * n + 8) * per_block)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench_runners import CLASSES, RequestResult, SystemRun
+from bench_runners import CLASSES, VOICE_CONTEXT, RequestResult, SystemRun
 
 
 def fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
@@ -139,6 +139,12 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
             f"| {row['sequences']} | {row['step_ms']:.1f} | {row['forward_ms']:.1f} | "
             f"{fmt(row['outside_share'], 100, 1)}% | {fmt(row['tokens_per_s'], 1, 1)} |"
         )
+    for row in data.get("overhead_voice_context", []):
+        lines += [
+            "",
+            f"One request after a {VOICE_CONTEXT}-token prompt (a voice query's context): "
+            f"{row['step_ms']:.1f} ms a step, {fmt(row['tokens_per_s'], 1, 1)} tokens/s.",
+        ]
     lines += llama_cpp_section(data, runs)
     if "batch32" in data:
         b = data["batch32"]
@@ -203,6 +209,18 @@ def llama_cpp_section(data: dict[str, Any], runs: list[SystemRun]) -> list[str]:
         ("one request, decode tokens/s", peer["one_request_tokens_per_s"], decode.get(1), True),
         ("32 at once, decode tokens/s", peer["batch32_tokens_per_s"], decode.get(32), True),
     ]
+    voice_decode = {
+        r["sequences"]: r["tokens_per_s"] for r in data.get("overhead_voice_context", [])
+    }
+    if "one_request_voice_context_tokens_per_s" in peer:
+        rows.append(
+            (
+                f"one request after a {VOICE_CONTEXT}-token prompt, decode tokens/s",
+                peer["one_request_voice_context_tokens_per_s"],
+                voice_decode.get(1),
+                True,
+            )
+        )
     if ours is not None and theirs is not None:
         voice = {r.name: r.per_class().get("interactive", {}) for r in (ours, theirs)}
         rows += [

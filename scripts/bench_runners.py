@@ -26,6 +26,10 @@ from paged_llm.engine.sequence import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ("interactive", "automation", "background")
+# Tokens before a voice answer in Home Assistant: the Assist system prompt with a home's
+# exposed entities and the question. One request decodes slower there than after the
+# 64-token prompts of the other decode figures (attention reads the whole context).
+VOICE_CONTEXT = 1024
 
 
 # Measurement ------------------------------------------------------------------------------------
