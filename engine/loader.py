@@ -362,7 +362,7 @@ def apply_weights(
     if given:
         text += " from the GGUF file"
     if any(isinstance(m, Q4Float32Linear | Q8Float32Linear) for m in model.modules()):
-        text += ", float32 kernels"
+        text += f", float32 kernels, {cpu_quant.vector_path()}"
     return f"{'q8' if fmt is WeightFormat.Q8 else 'q4'} ({text})"
 
 

@@ -425,3 +425,15 @@ void q8_dequantize(const int8_t *codes, const float *scale, int64_t n, int64_t k
 
 /* The row limit of one q4_linear or q8_linear call (cpu_quant.py checks it). */
 int quant_max_rows(void) { return MAX_ROWS; }
+
+/* The vector path this build takes: the products' last bits differ between paths. */
+const char *quant_path(void)
+{
+#if defined(VEC_FORM) && defined(__FMA__) && defined(__AVX512F__)
+    return "AVX-512";
+#elif defined(VEC_FORM) && defined(__FMA__)
+    return "AVX2";
+#else
+    return "portable C";
+#endif
+}

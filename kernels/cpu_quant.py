@@ -96,6 +96,12 @@ class Packed:
         return _in_one_call(kernel, x, self.out_features, self._addresses)
 
 
+def vector_path() -> str:
+    """The kernels' vector path on this machine ("AVX-512", "AVX2" or "portable C")."""
+    path: bytes = _library().quant_path()
+    return path.decode()
+
+
 def q4_linear(
     x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
 ) -> torch.Tensor:
@@ -239,6 +245,8 @@ def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | 
     for fn in (lib.q4_linear, lib.q8_linear, lib.q4_dequantize, lib.q8_dequantize):
         fn.restype = None
     lib.quant_max_rows.restype = ctypes.c_int
+    if hasattr(lib, "quant_path"):  # older sources a benchmark may load lack it
+        lib.quant_path.restype = ctypes.c_char_p
     if lib.quant_max_rows() != MAX_ROWS:
         return None, f"{path} takes {lib.quant_max_rows()} rows per call, not {MAX_ROWS}"
     return lib, None

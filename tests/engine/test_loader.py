@@ -121,7 +121,7 @@ def test_bundled_model_first_32_greedy_tokens_equal_generate(weights: str) -> No
     if weights == "auto" and cpu_quant.unavailable() is None:
         assert loaded.weights == (
             "q4 (210 4-bit and 1 8-bit linear layers and the 8-bit embedding from the GGUF file,"
-            " float32 kernels)"
+            f" float32 kernels, {cpu_quant.vector_path()})"
         )
     engine = LLMEngine(loaded, config)
     questions = [

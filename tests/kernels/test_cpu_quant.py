@@ -211,8 +211,8 @@ def _cpu_has(flag: str) -> bool:
 @pytest.fixture(scope="module", params=["native", "avx2", "portable"])
 def library(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> ctypes.CDLL:
-    """The kernels built with each vector path this CPU can run."""
+) -> tuple[str, ctypes.CDLL]:
+    """The kernels built with each vector path this CPU can run, and the path's name."""
     if request.param == "avx2" and not (_cpu_has("avx2") and _cpu_has("avx512f")):
         pytest.skip("the AVX2 path is the native one or not runnable here")
     source = cpu_quant.SOURCE.read_text()
@@ -222,7 +222,7 @@ def library(
     path.write_text(source)
     lib, reason = cpu_quant.load_library(path.parent / "build", path)
     assert lib is not None, reason
-    return lib
+    return request.param, lib
 
 
 def _product(lib: ctypes.CDLL, x: torch.Tensor, *weight: torch.Tensor) -> torch.Tensor:
@@ -234,22 +234,28 @@ def _product(lib: ctypes.CDLL, x: torch.Tensor, *weight: torch.Tensor) -> torch.
     return out
 
 
-def test_every_vector_path_keeps_the_weights_and_batch_invariance(library: ctypes.CDLL) -> None:
+def test_every_vector_path_keeps_the_weights_and_batch_invariance(
+    library: tuple[str, ctypes.CDLL],
+) -> None:
     """Each path a CPU may take: the dense weights bit for bit, the product up to summation
-    order, and a row's result the same alone or beside others."""
+    order, and a row's result the same alone or beside others; each says which it is."""
+    variant, lib = library
+    native = "AVX-512" if _cpu_has("avx512f") else "AVX2" if _cpu_has("avx2") else "portable C"
+    expected = {"native": native if _cpu_has("fma") else "portable C", "avx2": "AVX2"}
+    assert lib.quant_path().decode() == expected.get(variant, "portable C")
     codes, scale, zero, dense = _q4(83)
     codes8, scale8, dense8 = _q8(83)
     for rows in (1, 2, 5, 7, 13, cpu_quant.MAX_ROWS):
         columns = torch.randperm(dense.shape[1])[:rows]
         x = torch.eye(dense.shape[1])[columns]
-        assert torch.equal(_product(library, x, codes, scale, zero), dense[:, columns].T)
-        assert torch.equal(_product(library, x, codes8, scale8), dense8[:, columns].T)
+        assert torch.equal(_product(lib, x, codes, scale, zero), dense[:, columns].T)
+        assert torch.equal(_product(lib, x, codes8, scale8), dense8[:, columns].T)
     x = torch.randn(cpu_quant.MAX_ROWS, dense.shape[1])
-    together = _product(library, x, codes, scale, zero)
-    together8 = _product(library, x, codes8, scale8)
+    together = _product(lib, x, codes, scale, zero)
+    together8 = _product(lib, x, codes8, scale8)
     assert _rel_err(together, F.linear(x, dense)) < 1e-5
     assert _rel_err(together8, F.linear(x, dense8)) < 1e-5
     for row in range(x.shape[0]):
         alone = x[row : row + 1]
-        assert torch.equal(_product(library, alone, codes, scale, zero)[0], together[row])
-        assert torch.equal(_product(library, alone, codes8, scale8)[0], together8[row])
+        assert torch.equal(_product(lib, alone, codes, scale, zero)[0], together[row])
+        assert torch.equal(_product(lib, alone, codes8, scale8)[0], together8[row])
