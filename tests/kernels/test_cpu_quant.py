@@ -227,11 +227,8 @@ def library(
 
 def _product(lib: ctypes.CDLL, x: torch.Tensor, *weight: torch.Tensor) -> torch.Tensor:
     """x @ W.T through one build's q4_linear (codes, scale, zero) or q8_linear (codes, scale)."""
-    n, rows, k = weight[0].shape[0], x.shape[0], x.shape[1]
-    out = torch.empty(rows, n)
     kernel = lib.q4_linear if len(weight) == 3 else lib.q8_linear
-    kernel(x.data_ptr(), rows, k, *(w.data_ptr() for w in weight), n, out.data_ptr())
-    return out
+    return cpu_quant._in_one_call(kernel, x, weight[0].shape[0], cpu_quant._addresses(*weight))
 
 
 def test_every_vector_path_keeps_the_weights_and_batch_invariance(
