@@ -68,6 +68,11 @@ class _Abort:
 
 
 @dataclass(slots=True)
+class _Expect:
+    """Command: an interactive request is on its way; hold the latency policy's budget."""
+
+
+@dataclass(slots=True)
 class _TakeBlockMap:
     """Command: take a block map between steps and hand it to a future on its loop."""
 
@@ -125,7 +130,7 @@ class AsyncEngine:
         self._attached = False
         # Held during a turn on the step thread: stop() waits for the one under way.
         self._turn_lock = threading.Lock()
-        self._commands: queue.SimpleQueue[_Add | _Abort | _TakeBlockMap] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Expect | _TakeBlockMap] = queue.SimpleQueue()
         self._stopping = False
         self._error: BaseException | None = None
         self._streams: dict[str, _Stream] = {}
@@ -343,6 +348,17 @@ class AsyncEngine:
         self._commands.put(_Abort(request_id))
         STEP_THREAD.wake()
 
+    def expect_interactive(self) -> None:
+        """An interactive request is on its way: keep steps within the latency budget.
+
+        Home Assistant calls this when an Assist satellite starts listening, seconds
+        before the spoken query reaches the engine; the steps under way then shrink, so
+        the query does not wait for a step sized to the full token budget. The budget
+        holds for ``interactive_hold_seconds``; the fixed policy ignores it.
+        """
+        self._commands.put(_Expect())
+        STEP_THREAD.wake()
+
     # Metrics ----------------------------------------------------------------------------
 
     def metrics(self) -> MetricsSnapshot:
@@ -406,7 +422,7 @@ class AsyncEngine:
                 return None
             try:
                 if interactive_elsewhere:
-                    engine.scheduler.note_interactive_elsewhere()
+                    engine.scheduler.hold_step_budget()
                 return self._turn(engine)
             except BaseException as err:
                 _LOGGER.exception("The engine's step loop crashed")
@@ -464,6 +480,9 @@ class AsyncEngine:
                 continue
             if isinstance(command, _TakeBlockMap):
                 command.run(engine)
+                continue
+            if isinstance(command, _Expect):
+                engine.scheduler.hold_step_budget()
                 continue
             with self._lock:
                 stream = self._streams.get(command.request_id)

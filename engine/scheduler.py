@@ -83,12 +83,13 @@ class Scheduler:
     (recompute): the running sequence of the lowest base class, most recently started.
     A waiting sequence may only preempt a sequence of a strictly lower base class; a
     running one may also preempt its equals or itself. Time: under the latency policy,
-    while interactive work runs or waits (and ``interactive_hold_seconds`` after), other
-    classes' prefill chunks are cut to fit a step budget (:meth:`_budget`: the measured time
-    of interactive requests' own first steps, within ``interactive_step_seconds``) as
-    predicted by a :class:`StepCostModel` learned from the time between ``schedule`` and
-    ``update`` of earlier steps (the first such chunk of each class still gets one block, so
-    other work never starves and an aged summary's prefill cannot hold automations out). A
+    while interactive work runs, waits or is announced (:meth:`hold_step_budget`), and
+    ``interactive_hold_seconds`` after, other classes' prefill chunks are cut to fit a step
+    budget (:meth:`_budget`: the measured time of interactive requests' own first steps,
+    within ``interactive_step_seconds``) as predicted by a :class:`StepCostModel` learned
+    from the time between ``schedule`` and ``update`` of earlier steps (the first such
+    chunk of each class still gets one block, so other work never starves and an aged
+    summary's prefill cannot hold automations out). A
     step in which interactive prefill waits (running or queued) is theirs alone: other
     classes' decodes and prefills sit it out, so a voice query's first token costs about
     what it costs on an idle engine (should the interactive request not start after all, the
@@ -166,13 +167,24 @@ class Scheduler:
             return True
         return any(seq.priority is Priority.INTERACTIVE for seq in self._running)
 
-    def note_interactive_elsewhere(self) -> None:
-        """Interactive work runs on another engine of the process: hold the step budget.
+    def hold_step_budget(self) -> None:
+        """Interactive work runs elsewhere or is on its way: hold the step budget from now.
 
-        Engines share the cores and take turns, so this engine's long steps delay the
-        other's voice answer as much as its own; its focus steps stay its own business.
+        Engines of one process share the cores and take turns, so this engine's long steps
+        delay the other's voice answer as much as its own; and a voice query announced
+        before it arrives (an Assist satellite heard its wake word) finds short steps
+        instead of waiting for a full token budget's step. Focus steps stay for the
+        interactive requests this scheduler itself holds.
         """
         self._last_interactive = self._clock()
+
+    def step_budget_held(self) -> bool:
+        """Whether the latency policy plans steps against its time budget now."""
+        return self.config.step_policy is StepPolicy.LATENCY and self._held(self._clock())
+
+    def _held(self, now: float) -> bool:
+        """Whether interactive work was here, elsewhere or announced within the hold."""
+        return now - self._last_interactive <= self.config.interactive_hold_seconds
 
     def has_unfinished(self) -> bool:
         """Whether any sequence is waiting or running."""
@@ -274,8 +286,9 @@ class Scheduler:
 
         None means the token budget rules; a focus step (interactive prefill waits) runs
         interactive work alone, for at most one budget's time in a row. The budget holds
-        while interactive work runs or waits and for ``interactive_hold_seconds`` after: a
-        conversation's next voice query then never lands in a long step.
+        while interactive work runs, waits or is announced, and for
+        ``interactive_hold_seconds`` after: a conversation's next voice query, or one an
+        Assist satellite announced, then never lands in a long step.
         """
         cfg = self.config
         if cfg.step_policy is not StepPolicy.LATENCY or not self.cost_model.ready:
@@ -290,7 +303,7 @@ class Scheduler:
                     break
         if present:
             self._last_interactive = now
-        if now - self._last_interactive > cfg.interactive_hold_seconds:
+        if not self._held(now):
             self._focus_since = None
             return None, False
         seconds = self._budget()

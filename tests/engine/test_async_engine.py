@@ -322,3 +322,20 @@ async def test_a_short_run_right_after_a_push_is_pushed_too() -> None:
     finally:
         unsubscribe()
         await engine.stop()
+
+
+async def test_an_announced_voice_holds_the_step_budget_on_the_engine_thread() -> None:
+    """expect_interactive reaches the idle engine's scheduler at once and lapses after the hold."""
+    engine = await started(interactive_hold_seconds=0.3)
+    try:
+        sched = engine.engine.scheduler
+        assert not sched.step_budget_held()
+        engine.expect_interactive()
+        deadline = time.monotonic() + 2.0
+        while not sched.step_budget_held():
+            assert time.monotonic() < deadline, "the idle engine never took the command"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.4)
+        assert not sched.step_budget_held()
+    finally:
+        await engine.stop()

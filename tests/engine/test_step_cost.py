@@ -221,17 +221,32 @@ def test_an_automation_starts_beside_an_aged_summary_prefill_under_the_budget() 
         assert "doc" in dict(chunks)  # and the summary keeps moving
 
 
-def test_voice_on_another_engine_keeps_this_engines_steps_within_the_budget() -> None:
+def test_voice_elsewhere_or_announced_keeps_steps_within_the_budget_for_the_hold() -> None:
+    """Voice on another engine, or a satellite that heard its wake word, holds the budget."""
     sched, timer = make("latency")
     train(sched, timer)
     sched.add(seq("doc", 8000, Priority.BACKGROUND, 4))
     chunks, _ = run_step(sched, timer)
     assert chunks == [("doc", 512)]  # no voice anywhere: the whole token budget
-    sched.note_interactive_elsewhere()
-    chunks, cost = run_step(sched, timer)
-    assert 0 < chunks[0][1] < 512
-    assert cost <= 0.05 * 1.02
-    timer.now += sched.config.interactive_hold_seconds + 0.1  # the voice is long gone
+    assert not sched.step_budget_held()
+    sched.hold_step_budget()
+    assert sched.step_budget_held()
+    for _ in range(3):  # the query is still being spoken: every step stays short
+        chunks, cost = run_step(sched, timer)
+        assert 0 < chunks[0][1] < 512
+        assert cost <= 0.05 * 1.02
+    timer.now += sched.config.interactive_hold_seconds + 0.1  # no voice came after all
+    assert not sched.step_budget_held()
+    chunks, _ = run_step(sched, timer)
+    assert chunks == [("doc", 512)]
+
+
+def test_the_fixed_policy_ignores_an_announced_voice() -> None:
+    sched, timer = make("fixed")
+    train(sched, timer)
+    sched.add(seq("doc", 8000, Priority.BACKGROUND, 4))
+    sched.hold_step_budget()
+    assert not sched.step_budget_held()
     chunks, _ = run_step(sched, timer)
     assert chunks == [("doc", 512)]
 
