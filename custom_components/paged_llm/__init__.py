@@ -43,6 +43,7 @@ from .runtime import (
     async_stop_pending_backends,
     take_pending_backend,
 )
+from .satellites import async_track_satellites
 from .services import async_setup_services
 from .websocket_api import async_setup_websocket_api
 
@@ -208,6 +209,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
         backend=backend, settings=dict(entry.data), coordinator=coordinator, device_id=device.id
     )
     entry.async_on_unload(backend.subscribe(coordinator.async_set_updated_data))
+    entry.async_on_unload(async_track_satellites(hass, backend))
 
     async def _async_stop_backend(_event: Event) -> None:
         """Stop the engine's thread and free its memory when Home Assistant stops."""

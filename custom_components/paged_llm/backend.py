@@ -110,6 +110,9 @@ class Backend(Protocol):
     def subscribe(self, callback: Callable[[MetricsSnapshot], None]) -> Callable[[], None]:
         """Push snapshots to ``callback`` where the backend pushes; returns the unsubscribe."""
 
+    def expect_interactive(self) -> None:
+        """A voice query is on its way (an Assist satellite listens): shorten steps now."""
+
     def diagnostics(self) -> dict[str, Any]:
         """What the backend reports about itself, for the diagnostics download."""
 

@@ -395,6 +395,14 @@ class EmbeddedBackend:
         self._arm()
         return unsubscribe
 
+    def expect_interactive(self) -> None:
+        """Hold the engine's latency budget; an unloaded model stays unloaded until asked.
+
+        A wake word may start a pipeline whose agent is not ours, so it is not worth a load.
+        """
+        if self.loaded:
+            self.engine.expect_interactive()
+
     async def block_map(self) -> dict[str, Any]:
         """The KV pool's block map, taken on the engine thread (for the dashboard card)."""
         block_map = await self.engine.block_map()

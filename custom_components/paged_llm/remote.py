@@ -246,6 +246,9 @@ class RemoteBackend:
         """Nothing is pushed: the coordinator polls."""
         return lambda: None
 
+    def expect_interactive(self) -> None:
+        """Nothing to do: the OpenAI API has no such call; the server sees the query arrive."""
+
     def diagnostics(self) -> dict[str, Any]:
         """Where the server is and what it said about itself (never the API key)."""
         return {
