@@ -8,6 +8,7 @@ import itertools
 import random
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,8 +26,15 @@ from paged_llm.engine.scheduler import Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.utils import cdiv
 
-# Seconds between voice queries while the summary runs.
+# Seconds between voice queries while the summary runs (a conversation's pace).
 VOICE_GAP = 1.0
+# Second run: each voice query comes this long after the latency policy's hold lapsed, and
+# every other one is announced this long before it arrives, as an Assist satellite does
+# when it hears its wake word (the lead is the time the user speaks a short command).
+QUIET_MARGIN = 0.5
+SATELLITE_LEAD = 1.5
+# A voice query's time to first token, queue wait and preemptions.
+_Asked = tuple[float, float, int]
 
 
 def capacity_experiment(
@@ -222,7 +230,10 @@ def summary_experiment(
 
     Voice queries (the workload's, system prompt cached) first run alone, then one every
     ``VOICE_GAP`` seconds while ``paged_llm.summarize``'s Summarizer runs with its own
-    chunking; their time to first token and queue wait are compared.
+    chunking; their time to first token and queue wait are compared. A second summary of
+    the same document then takes voice queries that each come after the latency policy's
+    hold has lapsed (a home's usual pace), every other one announced ``SATELLITE_LEAD``
+    seconds early through ``AsyncEngine.expect_interactive``.
     """
     from custom_components.paged_llm.backend import Sampling
     from custom_components.paged_llm.embedded import EmbeddedBackend
@@ -235,8 +246,7 @@ def summary_experiment(
         " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 20))).capitalize()
         for _ in range(words // 14)
     )
-
-    async def ask(engine: AsyncEngine, req: HomeRequest) -> tuple[float, float, int]:
+    async def ask(engine: AsyncEngine, req: HomeRequest) -> _Asked:
         began = time.monotonic()
         first = None
         last = None
@@ -247,6 +257,18 @@ def summary_experiment(
         if first is None or last is None or last.timing is None:
             raise RuntimeError(f"{req.request_id} ended without output")
         return first - began, last.timing.queue_time or 0.0, last.timing.num_preemptions
+
+    def figures(asked: list[_Asked], idle_p95: float, label: str) -> dict[str, Any]:
+        """TTFT p50 / p95, its ratio to idle, longest queue wait, preempted voice."""
+        p95 = pct([t for t, _, _ in asked], 0.95)
+        return {
+            f"{label}_queries": len(asked),
+            f"{label}_ttft_p50": pct([t for t, _, _ in asked], 0.5),
+            f"{label}_ttft_p95": p95,
+            f"{label}_ratio_p95": p95 / idle_p95 if p95 and idle_p95 else None,
+            f"{label}_queue_max": max((q for _, q, _ in asked), default=None),
+            f"{label}_preempted": sum(p for _, _, p in asked),
+        }
 
     async def main() -> dict[str, Any]:
         engine = AsyncEngine(config, loaded=loaded)
@@ -259,26 +281,51 @@ def summary_experiment(
         entry = SimpleNamespace(
             entry_id="bench", runtime_data=SimpleNamespace(backend=EmbeddedBackend(engine))
         )
-        summarizer = Summarizer(
-            _ExecutorHost(),  # type: ignore[arg-type]
-            entry,  # type: ignore[arg-type]
-            Sampling(max_tokens=64, temperature=0.0),
-        )
-        began = time.monotonic()
-        summary = asyncio.ensure_future(summarizer.async_summarize(document))
-        busy = []
-        preemptions = engine.engine.scheduler.num_preemptions
-        for req in itertools.cycle(voice):
-            if summary.done():
-                break
-            await asyncio.sleep(VOICE_GAP)
-            busy.append(await ask(engine, req))
-        await summary
-        took = time.monotonic() - began
-        summary_preemptions = engine.engine.scheduler.num_preemptions - preemptions
+
+        async def summarize_while(
+            voices: Callable[[asyncio.Future[Any]], Awaitable[None]],
+        ) -> tuple[Summarizer, float, int]:
+            """Summarize the document while ``voices`` asks; the summarizer, seconds, preemptions."""
+            summarizer = Summarizer(
+                _ExecutorHost(),  # type: ignore[arg-type]
+                entry,  # type: ignore[arg-type]
+                Sampling(max_tokens=64, temperature=0.0),
+            )
+            began = time.monotonic()
+            preemptions = engine.engine.scheduler.num_preemptions
+            summary = asyncio.ensure_future(summarizer.async_summarize(document))
+            await voices(summary)
+            await summary
+            preempted = engine.engine.scheduler.num_preemptions - preemptions
+            return summarizer, time.monotonic() - began, preempted
+
+        busy: list[_Asked] = []
+        quiet: dict[bool, list[_Asked]] = {False: [], True: []}
+
+        async def conversation(summary: asyncio.Future[Any]) -> None:
+            for req in itertools.cycle(voice):
+                if summary.done():
+                    return
+                await asyncio.sleep(VOICE_GAP)
+                busy.append(await ask(engine, req))
+
+        async def after_quiet(summary: asyncio.Future[Any]) -> None:
+            for i, req in enumerate(itertools.cycle(voice)):
+                announced = i % 2 == 1
+                lead = SATELLITE_LEAD if announced else 0.0
+                await asyncio.sleep(args.hold_seconds + QUIET_MARGIN - lead)
+                if announced:
+                    engine.expect_interactive()
+                    await asyncio.sleep(lead)
+                if summary.done():
+                    return
+                quiet[announced].append(await ask(engine, req))
+
+        summarizer, took, summary_preemptions = await summarize_while(conversation)
+        _, quiet_took, _ = await summarize_while(after_quiet)
         await engine.stop()
         idle_p95 = pct([t for t, _, _ in idle], 0.95) or 0.0
-        busy_p95 = pct([t for t, _, _ in busy], 0.95)
+        busy_figures = figures(busy, idle_p95, "busy")
         return {
             "policy": str(config.step_policy),
             "pool_tokens": pool_tokens,
@@ -289,12 +336,17 @@ def summary_experiment(
             "voice_queries": len(busy),
             "idle_ttft_p50": pct([t for t, _, _ in idle], 0.5),
             "idle_ttft_p95": idle_p95,
-            "busy_ttft_p50": pct([t for t, _, _ in busy], 0.5),
-            "busy_ttft_p95": busy_p95,
-            "ratio_p95": busy_p95 / idle_p95 if busy_p95 and idle_p95 else None,
-            "busy_queue_max": max((q for _, q, _ in busy), default=None),
-            "voice_preemptions": sum(p for _, _, p in busy),
+            "busy_ttft_p50": busy_figures["busy_ttft_p50"],
+            "busy_ttft_p95": busy_figures["busy_ttft_p95"],
+            "ratio_p95": busy_figures["busy_ratio_p95"],
+            "busy_queue_max": busy_figures["busy_queue_max"],
+            "voice_preemptions": busy_figures["busy_preempted"],
             "preemptions": summary_preemptions,
+            "quiet_summary_s": quiet_took,
+            "hold_s": args.hold_seconds,
+            "satellite_lead_s": SATELLITE_LEAD,
+            **figures(quiet[False], idle_p95, "unannounced"),
+            **figures(quiet[True], idle_p95, "announced"),
         }
 
     return asyncio.run(main())

@@ -314,6 +314,25 @@ def policy_section(data: dict[str, Any], runs: list[SystemRun]) -> list[str]:
             f"{fmt(s['ratio_p95'])}x | {fmt(s['busy_queue_max'], 1, 3)} | "
             f"{s['voice_preemptions']} | {s['preemptions']} |",
         ]
+        if "announced_queries" in s:
+            lines += [
+                "",
+                f"A second summary of the same document ({s['quiet_summary_s']:.0f} s), voice "
+                f"queries each {s['hold_s']:g} s + 0.5 s after the last one ended (the latency "
+                "policy's hold lapsed, a home's usual pace); every other one announced "
+                f"{s['satellite_lead_s']:g} s before it, as an Assist satellite does at its "
+                "wake word:",
+                "",
+                "| voice after quiet | queries | TTFT p50 | TTFT p95 | p95 vs idle "
+                "| longest queue wait s | voice preempted |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            ]
+            for key, label in (("unannounced", "unannounced"), ("announced", "satellite announced")):
+                lines.append(
+                    f"| {label} | {s[f'{key}_queries']} | {fmt(s[f'{key}_ttft_p50'])} | "
+                    f"{fmt(s[f'{key}_ttft_p95'])} | {fmt(s[f'{key}_ratio_p95'])}x | "
+                    f"{fmt(s[f'{key}_queue_max'], 1, 3)} | {s[f'{key}_preempted']} |"
+                )
     return lines
 
 
