@@ -130,7 +130,9 @@ class AsyncEngine:
         self._attached = False
         # Held during a turn on the step thread: stop() waits for the one under way.
         self._turn_lock = threading.Lock()
-        self._commands: queue.SimpleQueue[_Add | _Abort | _Expect | _TakeBlockMap] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Expect | _TakeBlockMap] = (
+            queue.SimpleQueue()
+        )
         self._stopping = False
         self._error: BaseException | None = None
         self._streams: dict[str, _Stream] = {}

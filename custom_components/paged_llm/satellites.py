@@ -22,7 +22,7 @@ ANNOUNCING_STATES = frozenset({AssistSatelliteState.LISTENING, AssistSatelliteSt
 
 @callback
 def async_track_satellites(hass: HomeAssistant, backend: Backend) -> CALLBACK_TYPE:
-    """Call ``backend.expect_interactive`` whenever a satellite starts listening; returns the stop."""
+    """Call ``backend.expect_interactive`` when a satellite starts listening; returns the stop."""
 
     @callback
     def _state_changed(event: Event[EventStateChangedData]) -> None:
