@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_experiments import (
     batch32_experiment,
     capacity_experiment,
+    idle_voice_experiment,
     overhead_experiment,
     prefix_experiment,
     summary_experiment,
@@ -295,6 +296,7 @@ def main() -> None:
     crowd = workload if mode == "full" else build_workload(loaded.tokenizer, "full", args.seed)
     data["capacity"] = timed("capacity experiment", capacity_experiment, loaded, crowd, args)
     data["prefix"] = timed("prefix experiment", prefix_experiment, loaded, workload, args)
+    data["idle_voice"] = timed("idle voice", idle_voice_experiment, loaded, workload, args)
     if "summary" not in skip:
         words = args.summary_words or int(1.5 * args.kv_blocks * 16)
         data["summary"] = timed(
