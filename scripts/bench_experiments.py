@@ -316,7 +316,7 @@ def summary_experiment(
         async def summarize_while(
             voices: Callable[[asyncio.Future[Any]], Awaitable[None]],
         ) -> tuple[Summarizer, float, int]:
-            """Summarize the document while ``voices`` asks; the summarizer, seconds, preemptions."""
+            """Summarize while ``voices`` asks; returns the summarizer, seconds, preemptions."""
             summarizer = Summarizer(
                 _ExecutorHost(),  # type: ignore[arg-type]
                 entry,  # type: ignore[arg-type]
