@@ -172,7 +172,13 @@ class LlamaServer:
         """Stop the server; a failure inside shows the end of its log."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
-            self.process.wait(timeout=30)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                # Seen once: a server that ignored SIGTERM after its last request.
+                print("llama-server ignored SIGTERM for 30 s: killed", file=sys.stderr)
+                self.process.kill()
+                self.process.wait()
         if exc[0] is not None:
             print(f"llama-server log, last lines:\n{self.log_tail()}", file=sys.stderr)
         self.log.close()
