@@ -89,13 +89,13 @@ class Scheduler:
     within ``interactive_step_seconds``) as predicted by a :class:`StepCostModel` learned
     from the time between ``schedule`` and ``update`` of earlier steps (the first such
     chunk of each class still gets one block, so other work never starves and an aged
-    summary's prefill cannot hold automations out). A
-    step in which interactive prefill waits (running or queued) is theirs alone: other
-    classes' decodes and prefills sit it out, so a voice query's first token costs about
-    what it costs on an idle engine (should the interactive request not start after all, the
-    others lose that one step). Such focus steps in a row stop once they have lasted
-    ``interactive_step_seconds``: then everyone runs one step. Admission looks the prefix up
-    once (``get_computed_blocks``), then ``allocate_slots`` takes it or fails; a waiting
+    summary's prefill cannot hold automations out). A step in which interactive prefill
+    waits (running or queued) is theirs alone: other classes' decodes and prefills sit it
+    out, so a voice query's first token costs about what it costs on an idle engine
+    (should the interactive request not start after all, the others lose that one step).
+    Such focus steps in a row stop once they have lasted ``interactive_step_seconds``: then
+    everyone runs one step. Admission looks the prefix up once (``get_computed_blocks``),
+    then ``allocate_slots`` takes it or fails; a waiting
     sequence that cannot start ends admissions for its base class and those below for the
     step (no overtaking within a class); higher classes may pass it for a bounded time
     (:meth:`_passing`).
@@ -179,7 +179,10 @@ class Scheduler:
         self._last_interactive = self._clock()
 
     def step_budget_held(self) -> bool:
-        """Whether the latency policy plans steps against its time budget now."""
+        """Whether the latency policy's step budget holds now.
+
+        It plans by time once the cost model has seen its first steps.
+        """
         return self.config.step_policy is StepPolicy.LATENCY and self._held(self._clock())
 
     def _held(self, now: float) -> bool:
