@@ -77,6 +77,7 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
         f"Machine: {data['machine']}; torch {data['torch']}; "
         f"model {data['model']} ({data['dtype']}, weights {data.get('weights', 'float')}); "
         f"KV budget {data.get('kv_blocks', '?')} blocks ({data['kv_mib']:.0f} MiB); "
+        f"garbage collector {data.get('gc', 'as Python starts it')}; "
         f"quiet check: {'quiet' if q['quiet'] else 'BUSY'} "
         f"(other processes used {100 * q['other_cpu_share']:.0f}% of the CPU before the run, "
         f"{100 * data['quiet_after']['other_cpu_share']:.0f}% after).",
