@@ -233,6 +233,21 @@ class OpenAIClient:
             return None
         return data if isinstance(data, dict) and "cells" in data else None
 
+    async def expect_interactive(self) -> bool | None:
+        """Tell a Paged LLM server a voice query is coming (``POST /expect_interactive``).
+
+        True when taken, False when the server has no such call (vLLM, llama.cpp, Ollama),
+        None when it could not be reached: the hint only shortens the server's steps, and
+        the query itself reports a real outage.
+        """
+        try:
+            async with self._session.post(
+                f"{self.root}/expect_interactive", headers=self._headers, timeout=self._timeout()
+            ) as resp:
+                return resp.status == 204
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
     async def count_tokens(self, model: str, text: str) -> int | None:
         """Tokens in ``text`` by the server's tokenizer (vLLM's ``/tokenize``); None without."""
         try:

@@ -267,6 +267,16 @@ async def block_map(request: web.Request) -> web.Response:
     return web.json_response((await engine.block_map()).as_dict())
 
 
+async def expect_interactive(request: web.Request) -> web.Response:
+    """``POST /expect_interactive``: a voice query is on its way; shorten steps for the hold.
+
+    Not part of the OpenAI API: the integration calls it in remote mode when an Assist
+    satellite hears its wake word (see ``AsyncEngine.expect_interactive``).
+    """
+    request.app[HOST].engine.expect_interactive()
+    return web.Response(status=204)
+
+
 def add_routes(app: web.Application) -> None:
     """Register every endpoint."""
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -276,3 +286,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/version", version_info)
     app.router.add_get("/metrics", prometheus)
     app.router.add_get("/block_map", block_map)
+    app.router.add_post("/expect_interactive", expect_interactive)
