@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -105,6 +106,9 @@ class RemoteBackend:
         self._reader = MetricsReader(model)
         self._timings = _Timings()
         self._snapshot = MetricsSnapshot()
+        # Whether the server takes announced voice queries (None: not asked yet).
+        self._announces: bool | None = None
+        self._announcing: asyncio.Task[None] | None = None
 
     @property
     def available(self) -> bool:
@@ -247,7 +251,18 @@ class RemoteBackend:
         return lambda: None
 
     def expect_interactive(self) -> None:
-        """Nothing to do: the OpenAI API has no such call; the server sees the query arrive."""
+        """Tell a Paged LLM server, in the background; other servers are asked only once."""
+        if self._announces is False:
+            return
+        if self._announcing is not None and not self._announcing.done():
+            return
+        self._announcing = asyncio.get_running_loop().create_task(self._async_announce())
+
+    async def _async_announce(self) -> None:
+        """POST the announcement; remember a server without the call (None: try next time)."""
+        taken = await self.client.expect_interactive()
+        if taken is not None:
+            self._announces = taken
 
     def diagnostics(self) -> dict[str, Any]:
         """Where the server is and what it said about itself (never the API key)."""
@@ -259,8 +274,12 @@ class RemoteBackend:
             "reachable": self._reachable,
             "server_metrics": self._has_metrics,
             "sends_priority": self.client.sends_priority,
+            # Whether the server takes a satellite's announced voice queries (None: not yet asked).
+            "takes_voice_announcements": self._announces,
             "timeout": self.client.timeout,
         }
 
     async def async_close(self) -> None:
-        """Nothing to free: the session belongs to Home Assistant."""
+        """End an announcement still in flight; the session belongs to Home Assistant."""
+        if self._announcing is not None and not self._announcing.done():
+            self._announcing.cancel()

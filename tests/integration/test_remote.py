@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from collections.abc import AsyncGenerator, Iterator
@@ -493,3 +494,19 @@ async def test_a_key_the_server_no_longer_takes_is_asked_for_again(
     await hass.async_block_till_done()
     assert entry.state is ConfigEntryState.LOADED
     assert await hass.config_entries.async_unload(entry.entry_id)
+
+
+async def test_a_listening_satellite_is_announced_to_the_server(
+    hass: HomeAssistant, remote_entry: MockConfigEntry
+) -> None:
+    """In remote mode the wake word reaches the server's engine as POST /expect_interactive."""
+    backend = remote_entry.runtime_data.backend
+    assert backend.diagnostics()["takes_voice_announcements"] is None  # not asked yet
+    hass.states.async_set("assist_satellite.kitchen", "listening")
+    await hass.async_block_till_done()
+    for _ in range(500):  # the POST runs in the background
+        if backend.diagnostics()["takes_voice_announcements"] is not None:
+            break
+        await asyncio.sleep(0.01)
+    # The server answered 204: a Paged LLM server takes them (vLLM's would not: False).
+    assert backend.diagnostics()["takes_voice_announcements"] is True
