@@ -236,15 +236,17 @@ class OpenAIClient:
     async def expect_interactive(self) -> bool | None:
         """Tell a Paged LLM server a voice query is coming (``POST /expect_interactive``).
 
-        True when taken, False when the server has no such call (vLLM, llama.cpp, Ollama),
-        None when it could not be reached: the hint only shortens the server's steps, and
-        the query itself reports a real outage.
+        True when taken, False when the server has no such call (404 or 405: vLLM,
+        llama.cpp, Ollama), None otherwise (unreachable, still loading, refused): the hint
+        only shortens the server's steps, and the query itself reports a real outage.
         """
         try:
             async with self._session.post(
                 f"{self.root}/expect_interactive", headers=self._headers, timeout=self._timeout()
             ) as resp:
-                return resp.status == 204
+                if resp.status in (404, 405):
+                    return False
+                return True if resp.status == 204 else None
         except (aiohttp.ClientError, TimeoutError):
             return None
 

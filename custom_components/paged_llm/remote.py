@@ -259,7 +259,7 @@ class RemoteBackend:
         self._announcing = asyncio.get_running_loop().create_task(self._async_announce())
 
     async def _async_announce(self) -> None:
-        """POST the announcement; remember a server without the call (None: try next time)."""
+        """POST the announcement; remember a server without the call (None: ask next time)."""
         taken = await self.client.expect_interactive()
         if taken is not None:
             self._announces = taken

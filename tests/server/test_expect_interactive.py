@@ -45,8 +45,8 @@ async def test_an_announcement_holds_the_budget_and_needs_the_key(
             assert scheduler.step_budget_held()
             await asyncio.sleep(0.4)
             assert not scheduler.step_budget_held()  # the hold lapsed
-            # A wrong key is refused, not taken: the client reports "no such call".
-            assert await OpenAIClient(session, url, api_key="wrong").expect_interactive() is False
+            # A wrong key is refused: not "no such call", so a later announcement tries again.
+            assert await OpenAIClient(session, url, api_key="wrong").expect_interactive() is None
     finally:
         await client.close()
         await host.stop()
@@ -62,5 +62,21 @@ async def test_a_server_without_the_call_or_out_of_reach_says_so(socket_enabled:
             assert await other.expect_interactive() is False
             gone = OpenAIClient(session, "http://127.0.0.1:9", timeout=2)
             assert await gone.expect_interactive() is None
+    finally:
+        await client.close()
+
+
+async def test_a_server_still_loading_is_asked_again_later(
+    tiny_model_dir: Path, socket_enabled: None
+) -> None:
+    host = EngineHost(EngineConfig(model=str(tiny_model_dir), device="cpu"))  # not started
+    client = TestClient(TestServer(make_app(host, ServerSettings())))
+    await client.start_server()
+    try:
+        response = await client.post("/expect_interactive")
+        assert response.status == 503
+        async with aiohttp.ClientSession() as session:
+            loading = OpenAIClient(session, str(client.make_url("/v1")))
+            assert await loading.expect_interactive() is None  # not "no such call"
     finally:
         await client.close()
