@@ -35,8 +35,9 @@ async def test_voice_is_never_queued_behind_a_summary_larger_than_the_pool(
     agent = er.async_get(hass).async_get_entity_id("conversation", DOMAIN, subentry.subentry_id)
     assert agent is not None
 
-    # The agent warmed the cache with its prompt when the engine started.
-    await hass.async_block_till_done()
+    # The agent warmed the cache with its prompt when the engine started (a background
+    # task: the plain wait does not wait for it, and a busy machine lost that race once).
+    await hass.async_block_till_done(wait_background_tasks=True)
     assert kv.prefix_cache_queries > 0
 
     # After every step, note whether a voice request was left waiting.
