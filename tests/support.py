@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import importlib.util
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +210,13 @@ def make_engine(
 
     loaded, config = make_loaded(arch, vocab_size, dtype, **overrides)
     return LLMEngine(loaded, config)
+
+
+async def becomes_true(check: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``check()`` holds within ``seconds``, asked every 10 ms (work on other threads)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not check():
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True

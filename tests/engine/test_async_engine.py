@@ -15,7 +15,7 @@ from paged_llm.engine.errors import EngineDeadError, InvalidSamplingParams, Requ
 from paged_llm.engine.metrics import MetricsSnapshot
 from paged_llm.engine.sequence import FinishReason, Priority, SamplingParams
 
-from support import make_loaded
+from support import becomes_true, make_loaded
 
 
 async def started(**overrides: object) -> AsyncEngine:
@@ -59,10 +59,7 @@ async def test_leaving_the_stream_aborts_and_frees() -> None:
         params = SamplingParams(max_tokens=500, ignore_eos=True)
         async for _ in engine.generate("Tell me a long story", params):
             break
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if not engine.engine.has_unfinished():
-                break
+        await becomes_true(lambda: not engine.engine.has_unfinished(), 2.0)
         assert not engine.engine.has_unfinished()
         assert engine.engine.kv_manager.num_used_blocks == 0
     finally:
@@ -79,10 +76,7 @@ async def test_cancelling_the_task_aborts_and_frees() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if not engine.engine.has_unfinished():
-                break
+        await becomes_true(lambda: not engine.engine.has_unfinished(), 2.0)
         assert engine.engine.kv_manager.num_used_blocks == 0
     finally:
         await engine.stop()
@@ -196,10 +190,7 @@ async def test_fifty_streams_half_cancelled_and_the_loop_stays_responsive() -> N
         for outs in results[1::2]:
             assert not isinstance(outs, BaseException), outs
             assert outs[-1].completion_tokens == 24
-        for _ in range(100):
-            if not engine.engine.has_unfinished():
-                break
-            await asyncio.sleep(0.02)
+        await becomes_true(lambda: not engine.engine.has_unfinished(), 2.0)
         assert engine.engine.kv_manager.num_used_blocks == 0
         assert max(lags) < 0.05, f"event loop lag {max(lags) * 1000:.0f} ms"
     finally:
@@ -331,10 +322,7 @@ async def test_an_announced_voice_holds_the_step_budget_on_the_engine_thread() -
         sched = engine.engine.scheduler
         assert not sched.step_budget_held()
         engine.expect_interactive()
-        deadline = time.monotonic() + 2.0
-        while not sched.step_budget_held():
-            assert time.monotonic() < deadline, "the idle engine never took the command"
-            await asyncio.sleep(0.01)
+        assert await becomes_true(sched.step_budget_held, 2.0), "the engine never took it"
         await asyncio.sleep(0.4)
         assert not sched.step_budget_held()
     finally:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from collections.abc import AsyncGenerator, Iterator
@@ -28,6 +27,7 @@ from custom_components.paged_llm.diagnostics import async_get_config_entry_diagn
 from custom_components.paged_llm.placement import engine_requirements
 
 from remote_server import ServerProcess, free_port
+from support import becomes_true
 
 DOMAIN = "paged_llm"
 API_KEY = "test-key-123"
@@ -504,9 +504,7 @@ async def test_a_listening_satellite_is_announced_to_the_server(
     assert backend.diagnostics()["takes_voice_announcements"] is None  # not asked yet
     hass.states.async_set("assist_satellite.kitchen", "listening")
     await hass.async_block_till_done()
-    for _ in range(500):  # the POST runs in the background
-        if backend.diagnostics()["takes_voice_announcements"] is not None:
-            break
-        await asyncio.sleep(0.01)
+    # The POST runs in the background.
+    await becomes_true(lambda: backend.diagnostics()["takes_voice_announcements"] is not None, 5.0)
     # The server answered 204: a Paged LLM server takes them (vLLM's would not: False).
     assert backend.diagnostics()["takes_voice_announcements"] is True

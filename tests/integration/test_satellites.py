@@ -7,17 +7,9 @@ import asyncio
 from homeassistant.core import HomeAssistant
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
+from support import becomes_true
+
 HOLD_S = 0.3
-
-
-async def held_within(scheduler: object, seconds: float) -> bool:
-    """Whether the engine thread holds the step budget within ``seconds``."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while asyncio.get_running_loop().time() < deadline:
-        if scheduler.step_budget_held():  # type: ignore[attr-defined]
-            return True
-        await asyncio.sleep(0.01)
-    return False
 
 
 async def test_a_listening_satellite_holds_the_engines_step_budget(
@@ -33,22 +25,22 @@ async def test_a_listening_satellite_holds_the_engines_step_budget(
     hass.states.async_set("assist_satellite.kitchen", "idle")
     hass.states.async_set("media_player.kitchen", "listening")  # not a satellite
     await hass.async_block_till_done()
-    assert not await held_within(scheduler, HOLD_S)
+    assert not await becomes_true(scheduler.step_budget_held, HOLD_S)
 
     hass.states.async_set("assist_satellite.kitchen", "listening")  # the wake word
     await hass.async_block_till_done()
-    assert await held_within(scheduler, 1.0)
+    assert await becomes_true(scheduler.step_budget_held, 1.0)
     await asyncio.sleep(HOLD_S + 0.1)
     assert not scheduler.step_budget_held()
 
     # An attribute change while listening announces nothing new ...
     hass.states.async_set("assist_satellite.kitchen", "listening", {"volume": 0.5})
     await hass.async_block_till_done()
-    assert not await held_within(scheduler, HOLD_S)
+    assert not await becomes_true(scheduler.step_budget_held, HOLD_S)
     # ... speech-to-text ending (processing) renews the hold for the query itself.
     hass.states.async_set("assist_satellite.kitchen", "processing")
     await hass.async_block_till_done()
-    assert await held_within(scheduler, 1.0)
+    assert await becomes_true(scheduler.step_budget_held, 1.0)
 
 
 async def test_an_unloaded_entry_stops_listening_to_satellites(

@@ -14,6 +14,8 @@ from paged_llm.server.app import make_app
 from paged_llm.server.host import EngineHost
 from paged_llm.server.settings import ServerSettings
 
+from support import becomes_true
+
 
 async def test_an_announcement_holds_the_budget_and_needs_the_key(
     tiny_model_dir: Path, socket_enabled: None
@@ -38,11 +40,7 @@ async def test_an_announcement_holds_the_budget_and_needs_the_key(
         url = str(client.make_url("/v1"))
         async with aiohttp.ClientSession() as session:
             assert await OpenAIClient(session, url, api_key="secret").expect_interactive()
-            for _ in range(100):
-                if scheduler.step_budget_held():
-                    break
-                await asyncio.sleep(0.01)
-            assert scheduler.step_budget_held()
+            assert await becomes_true(scheduler.step_budget_held, 1.0)
             await asyncio.sleep(0.4)
             assert not scheduler.step_budget_held()  # the hold lapsed
             # A wrong key is refused: not "no such call", so a later announcement tries again.
