@@ -125,6 +125,20 @@ def prefix_experiment(
     return out
 
 
+async def _ask(engine: AsyncEngine, req: HomeRequest, max_tokens: int | None = None) -> _Asked:
+    """Stream one voice query to its end (``max_tokens``: its own unless given)."""
+    began = time.monotonic()
+    first = None
+    last = None
+    params = SamplingParams(temperature=0, max_tokens=max_tokens or req.max_tokens, ignore_eos=True)
+    async for out in engine.generate(req.prompt_ids, params, req.priority):
+        first = first or time.monotonic()
+        last = out
+    if first is None or last is None or last.timing is None:
+        raise RuntimeError(f"{req.request_id} ended without output")
+    return first - began, last.timing.queue_time or 0.0, last.timing.num_preemptions
+
+
 def idle_voice_experiment(
     loaded: LoadedModel, workload: list[HomeRequest], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -135,19 +149,12 @@ def idle_voice_experiment(
     (a first query, not counted, fills the cache and warms the cost model).
     """
     voice = [r for r in workload if r.priority == "interactive"]
-    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-
-    async def first_token(engine: AsyncEngine, req: HomeRequest) -> float:
-        began = time.monotonic()
-        async for _ in engine.generate(req.prompt_ids, params, req.priority):
-            break
-        return time.monotonic() - began
 
     async def main() -> list[float]:
         engine = AsyncEngine(engine_config(args, KVLayout.PAGED), loaded=loaded)
         await engine.start()
-        await first_token(engine, voice[0])
-        times = [await first_token(engine, req) for req in voice]
+        await _ask(engine, voice[0], max_tokens=1)
+        times = [(await _ask(engine, req, max_tokens=1))[0] for req in voice]
         await engine.stop()
         return times
 
@@ -277,18 +284,6 @@ def summary_experiment(
         for _ in range(words // 14)
     )
 
-    async def ask(engine: AsyncEngine, req: HomeRequest) -> _Asked:
-        began = time.monotonic()
-        first = None
-        last = None
-        params = SamplingParams(temperature=0, max_tokens=req.max_tokens, ignore_eos=True)
-        async for out in engine.generate(req.prompt_ids, params, req.priority):
-            first = first or time.monotonic()
-            last = out
-        if first is None or last is None or last.timing is None:
-            raise RuntimeError(f"{req.request_id} ended without output")
-        return first - began, last.timing.queue_time or 0.0, last.timing.num_preemptions
-
     def figures(asked: list[_Asked], idle_p95: float, label: str) -> dict[str, Any]:
         """TTFT p50 / p95, its ratio to idle, longest queue wait, preempted voice."""
         p95 = pct([t for t, _, _ in asked], 0.95)
@@ -306,8 +301,8 @@ def summary_experiment(
         await engine.start()
         pool_tokens = engine.engine.num_kv_blocks * config.block_size
         doc_tokens = len(loaded.tokenizer.encode(document))
-        await ask(engine, voice[0])  # caches the system prompt
-        idle = [await ask(engine, req) for req in voice[1:5]]
+        await _ask(engine, voice[0])  # caches the system prompt
+        idle = [await _ask(engine, req) for req in voice[1:5]]
         # The integration's config entry, as far as the Summarizer reads it: the backend.
         entry = SimpleNamespace(
             entry_id="bench", runtime_data=SimpleNamespace(backend=EmbeddedBackend(engine))
@@ -338,7 +333,7 @@ def summary_experiment(
                 if summary.done():
                     return
                 await asyncio.sleep(VOICE_GAP)
-                busy.append(await ask(engine, req))
+                busy.append(await _ask(engine, req))
 
         async def after_quiet(summary: asyncio.Future[Any]) -> None:
             for i, req in enumerate(itertools.cycle(voice)):
@@ -350,13 +345,12 @@ def summary_experiment(
                     await asyncio.sleep(lead)
                 if summary.done():
                     return
-                quiet[announced].append(await ask(engine, req))
+                quiet[announced].append(await _ask(engine, req))
 
         summarizer, took, summary_preemptions = await summarize_while(conversation)
         _, quiet_took, _ = await summarize_while(after_quiet)
         await engine.stop()
         idle_p95 = pct([t for t, _, _ in idle], 0.95) or 0.0
-        busy_figures = figures(busy, idle_p95, "busy")
         return {
             "policy": str(config.step_policy),
             "pool_tokens": pool_tokens,
@@ -364,14 +358,9 @@ def summary_experiment(
             "parts": summarizer.chunks,
             "requests": summarizer.requests,
             "summary_s": took,
-            "voice_queries": len(busy),
             "idle_ttft_p50": pct([t for t, _, _ in idle], 0.5),
             "idle_ttft_p95": idle_p95,
-            "busy_ttft_p50": busy_figures["busy_ttft_p50"],
-            "busy_ttft_p95": busy_figures["busy_ttft_p95"],
-            "ratio_p95": busy_figures["busy_ratio_p95"],
-            "busy_queue_max": busy_figures["busy_queue_max"],
-            "voice_preemptions": busy_figures["busy_preempted"],
+            **figures(busy, idle_p95, "busy"),
             "preemptions": summary_preemptions,
             "quiet_summary_s": quiet_took,
             "hold_s": args.hold_seconds,

@@ -314,15 +314,15 @@ def policy_section(data: dict[str, Any], runs: list[SystemRun]) -> list[str]:
             "",
             f"Document {s['document_tokens']} tokens, pool {s['pool_tokens']} tokens: "
             f"{s['parts']} parts, {s['requests']} requests, {s['summary_s']:.0f} s; "
-            f"{s['voice_queries']} voice queries during it, policy {s['policy']}.",
+            f"{s['busy_queries']} voice queries during it, policy {s['policy']}.",
             "",
             "| voice | TTFT p50 | TTFT p95 | p95 vs idle | longest queue wait s "
             "| voice preempted | preemptions |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
             f"| idle | {fmt(s['idle_ttft_p50'])} | {fmt(s['idle_ttft_p95'])} | 1.00x | – | – | – |",
             f"| during the summary | {fmt(s['busy_ttft_p50'])} | {fmt(s['busy_ttft_p95'])} | "
-            f"{fmt(s['ratio_p95'])}x | {fmt(s['busy_queue_max'], 1, 3)} | "
-            f"{s['voice_preemptions']} | {s['preemptions']} |",
+            f"{fmt(s['busy_ratio_p95'])}x | {fmt(s['busy_queue_max'], 1, 3)} | "
+            f"{s['busy_preempted']} | {s['preemptions']} |",
         ]
         if "announced_queries" in s:
             lines += [
