@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from paged_llm.kernels import cpu_quant
+from paged_llm.kernels import cpu_attention, cpu_quant
 
 from .architectures import check_supported, exact_context
 from .config import DEFAULT_MODEL, EngineConfig
@@ -298,6 +298,8 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         raise ModelLoadError(f"could not load model {source!r}: {err}") from err
     model.to(device)
     model.eval()
+    if device.type == "cpu" and dtype == torch.float32:
+        _build_attention_kernel(config.cache_dir)
     max_model_len, context_limit = exact_context(model.config)
     return LoadedModel(
         model=model,
@@ -311,6 +313,13 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         weights=weights,
         repetition_penalty=default_repetition_penalty(model),
     )
+
+
+def _build_attention_kernel(cache_dir: Path | None) -> None:
+    """Build the float32 CPU decode attention kernel now, not in the first decode step."""
+    reason = cpu_attention.unavailable(None if cache_dir is None else cache_dir / "kernels")
+    if reason is not None:
+        _LOGGER.info("decode attention takes the torch path: %s", reason)
 
 
 def apply_weights(

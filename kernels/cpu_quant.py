@@ -4,26 +4,22 @@ torch's own int4 CPU kernel is fast only with bf16 activations (20-30x slower th
 float32 otherwise), and bf16 changes the model's answers. These kernels multiply the very
 float32 weights a dense model holds, formed group by group from their codes, so only the
 summation order differs, while a decode step reads 6 (or 9) bits per weight instead of
-32. The C source is built with the machine's C compiler (``$CC``, cc, gcc or clang;
-``-march=native``, OpenMP when the compiler has it, sharing torch's runtime) into a cache
-folder keyed by the source, the compiler and the CPU; :func:`unavailable` says why it
-cannot be used. Nothing here is needed where it cannot build: the engine stays dense.
+32. The C source is built with the machine's C compiler (native_build.py); :func:`unavailable`
+says why it cannot be used. Nothing here is needed where it cannot build: the engine stays
+dense.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from paged_llm.kernels import native_build
 
 GROUP_SIZE = 32
 MAX_ROWS = 64  # rows the kernels take per call (cpu_quant.c)
@@ -33,32 +29,22 @@ DENSE_ROWS = 64
 assert DENSE_ROWS <= MAX_ROWS
 DENSE_SLICE_VALUES = 1 << 20  # weights formed at a time on that path (4 MiB in float32)
 SOURCE = Path(__file__).with_name("cpu_quant.c")
-_LOGGER = logging.getLogger(__name__)
 # Addresses go over as plain integers: cheaper per call than typed pointers (a decode step
 # makes over 200 calls).
 _PTR = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
 
-def default_build_dir() -> Path:
-    """Where the library is built when no folder is given: the user's own cache folder.
-
-    Not a shared temp folder: another user could leave a library there to be loaded.
-    """
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "paged-llm" / "kernels"
-
-
 def unavailable(build_dir: Path | None = None) -> str | None:
     """Why the kernels cannot run here (no compiler, a failed build), or None when they can.
 
-    The first call builds and loads the library, in build_dir (default_build_dir() when
+    The first call builds and loads the library, in build_dir (the user's cache folder when
     None); later calls answer from that attempt.
     """
     global _state
     with _lock:
         if _state is None:
-            _state = load_library(build_dir or default_build_dir())
+            _state = load_library(build_dir or native_build.default_build_dir())
         return _state[1]
 
 
@@ -229,15 +215,9 @@ def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | 
     The engine loads SOURCE once through :func:`unavailable`; a benchmark may load another
     version of the source beside it.
     """
-    compiler = _compiler()
-    if compiler is None:
-        return None, "no C compiler ($CC, cc, gcc or clang) on PATH"
-    try:
-        path = _build(compiler, build_dir, source)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as err:
-        _LOGGER.warning("could not build the quantized CPU kernels: %s", err)
-        return None, f"building them with {compiler} failed: {err}"
+    lib, reason = native_build.load(build_dir, source, "cpu_quant")
+    if lib is None:
+        return None, reason
     lib.q4_linear.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR]
     lib.q8_linear.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR]
     lib.q4_dequantize.argtypes = [_PTR, _PTR, _PTR, _I64, _I64, _PTR]
@@ -248,48 +228,5 @@ def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | 
     if hasattr(lib, "quant_path"):  # older sources a benchmark may load lack it
         lib.quant_path.restype = ctypes.c_char_p
     if lib.quant_max_rows() != MAX_ROWS:
-        return None, f"{path} takes {lib.quant_max_rows()} rows per call, not {MAX_ROWS}"
+        return None, f"{source.name} takes {lib.quant_max_rows()} rows per call, not {MAX_ROWS}"
     return lib, None
-
-
-def _compiler() -> str | None:
-    """The C compiler to use: $CC, else the first of cc, gcc and clang on PATH."""
-    names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
-    return next((path for name in names if (path := shutil.which(name))), None)
-
-
-def _build(compiler: str, build_dir: Path, source: Path) -> Path:
-    """Compile source into build_dir unless a build for this compiler and CPU exists."""
-    version = subprocess.run(
-        [compiler, "--version"], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
-    key = hashlib.sha256()
-    for part in (source.read_bytes(), compiler.encode(), version.encode(), _cpu_flags()):
-        key.update(part)
-    path = build_dir / f"cpu_quant-{key.hexdigest()[:16]}.so"
-    if path.is_file():
-        return path
-    build_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # -ffp-contract=off: each weight is rounded as torch rounds it (clang would fuse it).
-    base = [compiler, "-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC",
-            "-std=c11", str(source), "-lm"]  # fmt: skip
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    # OpenMP shares torch's runtime (the same libgomp); without it one core does the work.
-    for extra in (["-fopenmp"], []):
-        done = subprocess.run(
-            [*base, *extra, "-o", str(tmp)], capture_output=True, text=True, timeout=120
-        )
-        if done.returncode == 0:
-            os.replace(tmp, path)
-            return path
-    raise subprocess.SubprocessError(done.stderr.strip()[-500:] or f"exit {done.returncode}")
-
-
-def _cpu_flags() -> bytes:
-    """The CPU's feature flags (a build with -march=native is only good for them)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return b""
-    flags = (line for line in text.splitlines() if line.startswith(("flags", "Features")))
-    return next(flags, "").encode()

@@ -1,9 +1,11 @@
 """Torch store_kv and paged_attention: the CPU path and what the Triton kernels are tested against.
 
-CPU speed matters here: this is what every Home Assistant box without a GPU runs. Decoding
-sequences are sorted by context length and batched in chunks whose gathered K/V stay about
-cache-sized, one SDPA call per chunk (measured against one batch padded to the longest
-context: 1.3x faster in bf16, 3x in fp32; against one call per sequence: 2x and 1.5x).
+CPU speed matters here: this is what every Home Assistant box without a GPU runs. In
+float32 the decoding sequences go to the C kernel (cpu_attention.py), which reads the
+blocks in place, where it builds. Otherwise they are sorted by context length and batched
+in chunks whose gathered K/V stay about cache-sized, one SDPA call per chunk (measured
+against one batch padded to the longest context: 1.3x faster in bf16, 3x in fp32; against
+one call per sequence: 2x and 1.5x).
 Each prefill chunk is one SDPA call with a causal mask offset by its starting position.
 A sliding window (a key is visible while query position - key position < window, as in
 transformers' masks) gathers only the blocks inside the window; soft-capping (Gemma 2:
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from paged_llm.kernels import cpu_attention
 
 # Bytes of gathered keys per decode chunk: 2-4 MiB measured fastest on a 2-core Zen 4 VM.
 DECODE_CHUNK_BYTES = 2 << 20
@@ -113,6 +117,16 @@ def paged_attention(
             shape,
             out,
         )
+    if layout.decodes and cpu_attention.takes(query, key_cache, value_cache):
+        native_key = ("native", sliding_window)
+        native = plan_cache.get(native_key) if plan_cache is not None else None
+        if native is None:
+            native = _native_plan(block_tables, layout, shape)
+            if plan_cache is not None:
+                plan_cache[native_key] = native
+        assert isinstance(native, cpu_attention.DecodePlan)
+        if cpu_attention.decode(query, key_cache, value_cache, native, scale, softcap, out):
+            return out
     if layout.decodes:
         plan_key = ("decode", sliding_window, *key_cache.shape[1:], key_cache.element_size())
         plan = plan_cache.get(plan_key) if plan_cache is not None else None
@@ -224,6 +238,20 @@ def _prefill(
         group = rows.shape[2] // q_len
         result = _attend(rows, keys, values, mask.repeat(group, 1), shape).view(q.shape)
     out[chunk] = result[0].transpose(0, 1)
+
+
+def _native_plan(
+    block_tables: torch.Tensor, layout: _Layout, shape: _Shape
+) -> cpu_attention.DecodePlan:
+    """The decoding sequences as the C kernel reads them: rows, first visible keys, lengths."""
+    seqs = layout.decodes
+    return cpu_attention.DecodePlan.of(
+        block_tables,
+        seqs,
+        [layout.starts[seq] for seq in seqs],
+        [shape.first_visible(layout.ctx_lens[seq] - 1) for seq in seqs],
+        [layout.ctx_lens[seq] for seq in seqs],
+    )
 
 
 @dataclass(slots=True, frozen=True)

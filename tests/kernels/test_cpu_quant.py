@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from paged_llm.engine.quant import Q4Float32Linear, quantize_q4, unpack_gguf_q4
-from paged_llm.kernels import cpu_quant
+from paged_llm.kernels import cpu_quant, native_build
 
 pytestmark = pytest.mark.skipif(
     cpu_quant.unavailable() is not None,
@@ -183,7 +183,7 @@ def test_the_default_build_folder_is_the_users_own_cache(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert cpu_quant.default_build_dir() == tmp_path / "paged-llm" / "kernels"
+    assert native_build.default_build_dir() == tmp_path / "paged-llm" / "kernels"
 
 
 def test_another_version_of_the_source_builds_beside_the_engines(tmp_path: Path) -> None:
@@ -205,7 +205,7 @@ _NARROWER = {"avx2": ["__AVX512F__"], "portable": ["__AVX512F__", "__AVX2__"]}
 
 def _cpu_has(flag: str) -> bool:
     """Whether /proc/cpuinfo lists a CPU feature."""
-    return flag in cpu_quant._cpu_flags().decode().split()
+    return flag in native_build.cpu_flags().decode().split()
 
 
 @pytest.fixture(scope="module", params=["native", "avx2", "portable"])

@@ -9,6 +9,9 @@ from paged_llm.kernels import reference
 
 from kernel_cases import TOLERANCE, AttentionConfig, make_step, mixed_seqs, oracle, rel_err
 
+# float32 decodes take the C kernel where it builds: every case runs on both paths.
+pytestmark = pytest.mark.usefixtures("decode_path")
+
 # Every listed value of each axis appears at least once, without the full cross product.
 CONFIGS = [
     AttentionConfig(torch.float32, 64, 16, 1, 2, "packed"),

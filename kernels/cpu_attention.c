@@ -1,0 +1,242 @@
+/* Decode attention over the paged KV pool on the CPU, float32 (built by cpu_attention.py).
+ *
+ * Each decoding sequence has one query row of `heads` heads; its keys and values stay in
+ * their pool blocks [block, slot, kv_head, dim] and are read in place, block by block, with
+ * no gathered copy (what the torch path spends most of a long context's time on). A
+ * sequence's keys are cut into spans of SPAN_BLOCKS blocks so one long sequence keeps
+ * every core busy; each span keeps a running maximum, sum and weighted value sum per head
+ * (online softmax), and the spans of a sequence are merged at the end, as split-K decoding
+ * kernels on GPUs do. The sums' order differs from SDPA's, so the last bits may too.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Blocks one task reads: 16 blocks of 16 tokens is 256 keys. */
+#define SPAN_BLOCKS 16
+/* The widest head the accumulators hold (in registers of 16 floats). */
+#define MAX_DIM 256
+
+/* 16 floats: gcc and clang map it onto one AVX-512 register, two AVX2 ones, or four NEON. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+
+/* 16 floats from p, aligned or not. */
+static inline v16 load16(const float *p)
+{
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The sum of the 16 lanes, in lane order. */
+static inline float hsum16(v16 v)
+{
+    float lanes[16];
+    memcpy(lanes, &v, sizeof lanes);
+    float sum = 0.0f;
+    for (int j = 0; j < 16; j++)
+        sum += lanes[j];
+    return sum;
+}
+
+/* Lanes of a where mask (a comparison's all-ones lanes) is set, else of b. */
+static inline v16 select16(i16v mask, v16 a, v16 b)
+{
+    i16v ia, ib;
+    memcpy(&ia, &a, sizeof ia);
+    memcpy(&ib, &b, sizeof ib);
+    const i16v bits = (ia & mask) | (ib & ~mask);
+    v16 out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* exp(x) for 16 lanes: within 1 ulp of glibc's expf for every float x in [-87, 0] (checked
+ * one by one; softmax weights only need x <= 0); below -87.3 (and -inf) 0. Range reduction
+ * by ln 2 in two parts (Cody-Waite), then Cephes' degree-6 polynomial. */
+static inline v16 exp16(v16 x)
+{
+    const v16 zero = {0};
+    const i16v tiny = x < -87.3f;
+    x = select16(x > 88.3f, zero + 88.3f, select16(tiny, zero, x));
+    /* n = round(x / ln 2) through the float magic number 1.5 * 2^23 */
+    const v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const v16 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    v16 p = zero + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const i16v bits = (__builtin_convertvector(n, i16v) + 127) << 23;
+    v16 two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return select16(tiny, zero, p * two_n);
+}
+
+/* Attend the group of query heads of kv head h over keys [begin, end) of one sequence;
+ * partial[g] = (max, sum, acc[DIM]) for each query head g of the group. DIM is a constant
+ * at each call, so the loops over it unroll into registers. */
+static inline __attribute__((always_inline)) void
+attend_span_v(const float *q, const float *kc, const float *vc, const int32_t *table,
+              int64_t begin, int64_t end, int64_t h, int64_t group, int64_t kv_heads,
+              const int64_t DIM, int64_t block_size, float scale, float softcap, float *partial)
+{
+    const int64_t stride = DIM + 2, parts = DIM / 16, token_stride = kv_heads * DIM;
+    for (int64_t g = 0; g < group; g++) {
+        const float *qg = q + (h * group + g) * DIM;
+        v16 qv[MAX_DIM / 16];
+        for (int64_t c = 0; c < parts; c++)
+            qv[c] = load16(qg + 16 * c);
+        v16 acc[MAX_DIM / 16];
+        for (int64_t c = 0; c < parts; c++)
+            acc[c] = (v16){0};
+        float top = -INFINITY, sum = 0.0f;
+        for (int64_t at = begin; at < end;) {
+            const int64_t block = table[at / block_size];
+            const int64_t slot0 = at % block_size;
+            int64_t count = block_size - slot0;
+            if (count > end - at)
+                count = end - at;
+            if (count > 16)
+                count = 16;
+            const float *keys = kc + ((block * block_size + slot0) * kv_heads + h) * DIM;
+            const float *values = vc + ((block * block_size + slot0) * kv_heads + h) * DIM;
+            float scores[16];
+            for (int64_t t = 0; t < 16; t++) {
+                if (t >= count) {
+                    scores[t] = -INFINITY;
+                    continue;
+                }
+                v16 d = (v16){0};
+                for (int64_t c = 0; c < parts; c++)
+                    d += qv[c] * load16(keys + t * token_stride + 16 * c);
+                float s = hsum16(d) * scale;
+                if (softcap > 0.0f)
+                    s = tanhf(s / softcap) * softcap;
+                scores[t] = s;
+            }
+            float block_top = top;
+            for (int64_t t = 0; t < count; t++)
+                if (scores[t] > block_top)
+                    block_top = scores[t];
+            if (block_top > top) {
+                const float rescale = top == -INFINITY ? 0.0f : expf(top - block_top);
+                sum *= rescale;
+                for (int64_t c = 0; c < parts; c++)
+                    acc[c] *= rescale;
+                top = block_top;
+            }
+            const v16 p = exp16(load16(scores) - top);
+            float weights[16];
+            memcpy(weights, &p, sizeof weights);
+            for (int64_t t = 0; t < count; t++) {
+                sum += weights[t];
+                for (int64_t c = 0; c < parts; c++)
+                    acc[c] += weights[t] * load16(values + t * token_stride + 16 * c);
+            }
+            at += count;
+        }
+        float *part = partial + g * stride;
+        part[0] = top;
+        part[1] = sum;
+        for (int64_t c = 0; c < parts; c++)
+            memcpy(part + 2 + 16 * c, &acc[c], sizeof acc[c]);
+    }
+}
+
+static void attend_span(const float *q, const float *kc, const float *vc, const int32_t *table,
+                        int64_t begin, int64_t end, int64_t h, int64_t group, int64_t kv_heads,
+                        int64_t dim, int64_t block_size, float scale, float softcap,
+                        float *partial)
+{
+    switch (dim) {
+    case 64:
+        attend_span_v(q, kc, vc, table, begin, end, h, group, kv_heads, 64, block_size, scale,
+                      softcap, partial);
+        return;
+    case 128:
+        attend_span_v(q, kc, vc, table, begin, end, h, group, kv_heads, 128, block_size, scale,
+                      softcap, partial);
+        return;
+    default:
+        attend_span_v(q, kc, vc, table, begin, end, h, group, kv_heads, dim, block_size, scale,
+                      softcap, partial);
+    }
+}
+
+/* out[rows[i], head, :] for each decoding sequence i: its query q[rows[i]] [heads, dim] over
+ * keys first[i] .. lens[i] - 1 of the blocks in tables[seqs[i]] (row stride table_width).
+ * softcap <= 0: none. dim must be a multiple of 16, at most MAX_DIM. Returns 0, or -1 when
+ * a shape is beyond those limits or memory for the partial sums is short (the caller then
+ * takes the torch path). */
+int paged_decode(const float *q, const float *kc, const float *vc, const int32_t *tables,
+                 int64_t table_width, const int64_t *seqs, const int64_t *rows,
+                 const int64_t *first, const int64_t *lens, int64_t n, int64_t heads,
+                 int64_t kv_heads, int64_t dim, int64_t block_size, float scale, float softcap,
+                 float *out)
+{
+    const int64_t group = heads / kv_heads;
+    if (dim % 16 || dim > MAX_DIM || group * kv_heads != heads)
+        return -1;
+    const int64_t span = SPAN_BLOCKS * block_size;
+    int64_t *starts = malloc(sizeof(int64_t) * (n + 1));
+    if (!starts)
+        return -1;
+    starts[0] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t keys = lens[i] - first[i];
+        starts[i + 1] = starts[i] + (keys > 0 ? (keys + span - 1) / span : 0);
+    }
+    const int64_t tasks = starts[n];
+    const int64_t stride = dim + 2;
+    float *partials = malloc(sizeof(float) * (tasks * heads * stride + 1));
+    if (!partials) {
+        free(starts);
+        return -1;
+    }
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int64_t task = 0; task < tasks; task++)
+        for (int64_t h = 0; h < kv_heads; h++) {
+            int64_t i = 0;
+            while (starts[i + 1] <= task)
+                i++;
+            const int64_t begin = first[i] + (task - starts[i]) * span;
+            const int64_t end = begin + span < lens[i] ? begin + span : lens[i];
+            attend_span(q + rows[i] * heads * dim, kc, vc, tables + seqs[i] * table_width,
+                        begin, end, h, group, kv_heads, dim, block_size, scale, softcap,
+                        partials + (task * heads + h * group) * stride);
+        }
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t head = 0; head < heads; head++) {
+            float *o = out + (rows[i] * heads + head) * dim;
+            float top = -INFINITY;
+            for (int64_t task = starts[i]; task < starts[i + 1]; task++) {
+                const float m = partials[(task * heads + head) * stride];
+                if (m > top)
+                    top = m;
+            }
+            float sum = 0.0f;
+            for (int64_t d = 0; d < dim; d++)
+                o[d] = 0.0f;
+            for (int64_t task = starts[i]; task < starts[i + 1]; task++) {
+                const float *part = partials + (task * heads + head) * stride;
+                if (part[0] == -INFINITY)
+                    continue;
+                const float weight = expf(part[0] - top);
+                sum += part[1] * weight;
+                for (int64_t d = 0; d < dim; d++)
+                    o[d] += part[2 + d] * weight;
+            }
+            for (int64_t d = 0; d < dim; d++)
+                o[d] = sum > 0.0f ? o[d] / sum : 0.0f;
+        }
+    free(partials);
+    free(starts);
+    return 0;
+}

@@ -1,0 +1,138 @@
+"""Decode attention over the paged pool in float32 on the CPU (cpu_attention.c).
+
+The torch path copies each decoding sequence's blocks out of the pool before SDPA reads
+them; at a long context that copy is most of a decode step's attention (a summary's 2,000
+tokens, a home's long Assist prompt). The C kernel reads the blocks where they are and
+splits long contexts across the cores. Built like the quantized kernels (native_build.py);
+where it cannot be built, or for other dtypes, the torch path runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from paged_llm.kernels import native_build
+
+SOURCE = Path(__file__).with_name("cpu_attention.c")
+# The heads the kernel takes (cpu_attention.c): a multiple of 16 values, at most MAX_DIM.
+MAX_DIM = 256
+_PTR = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+_lock = threading.Lock()
+# (library, why not) once the first caller tried to load it; one build per process.
+_state: tuple[ctypes.CDLL | None, str | None] | None = None
+
+
+def unavailable(build_dir: Path | None = None) -> str | None:
+    """Why the kernel cannot run here (no compiler, a failed build), or None when it can.
+
+    The first call builds and loads it, in build_dir (the user's cache folder when None);
+    later calls answer from that attempt.
+    """
+    global _state
+    with _lock:
+        if _state is None:
+            _state = load_library(build_dir or native_build.default_build_dir())
+        return _state[1]
+
+
+def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | None, str | None]:
+    """Build (once per source, compiler and CPU) and load the kernel; or say why not."""
+    lib, reason = native_build.load(build_dir, source, "cpu_attention")
+    if lib is None:
+        return None, reason
+    lib.paged_decode.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR]
+    lib.paged_decode.argtypes += [_I64] * 5 + [ctypes.c_float, ctypes.c_float, _PTR]
+    lib.paged_decode.restype = ctypes.c_int
+    return lib, None
+
+
+def takes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether the kernel runs this step's decodes: float32 on the CPU, within its limits."""
+    if query.device.type != "cpu" or query.dtype != torch.float32:
+        return False
+    for cache in (key_cache, value_cache):
+        if cache.dtype != torch.float32 or not cache.is_contiguous():
+            return False
+    dim = query.shape[-1]
+    return dim % 16 == 0 and dim <= MAX_DIM and unavailable() is None
+
+
+@dataclass(slots=True, frozen=True)
+class DecodePlan:
+    """The step's decoding sequences as the kernel reads them (the same for every layer)."""
+
+    seqs: torch.Tensor  # each one's row of the block tables
+    rows: torch.Tensor  # each one's query row in the packed step
+    first: torch.Tensor  # each one's first visible key position (a sliding window's start)
+    lens: torch.Tensor  # each one's context length
+    tables: torch.Tensor  # int32 block tables, contiguous
+
+    @staticmethod
+    def of(
+        block_tables: torch.Tensor,
+        seqs: list[int],
+        rows: list[int],
+        first: list[int],
+        lens: list[int],
+    ) -> DecodePlan:
+        """Pack the lists the host worked out into the arrays the kernel reads."""
+
+        def longs(values: list[int]) -> torch.Tensor:
+            """An int64 array."""
+            return torch.tensor(values, dtype=torch.int64)
+
+        tables = block_tables.to(torch.int32).contiguous()
+        return DecodePlan(longs(seqs), longs(rows), longs(first), longs(lens), tables)
+
+
+def decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    plan: DecodePlan,
+    scale: float,
+    softcap: float | None,
+    out: torch.Tensor,
+) -> bool:
+    """Attend each planned sequence's query row into ``out``; False if the kernel could not.
+
+    ``takes`` must hold. False only when the kernel found no memory for its partial sums;
+    the caller then takes the torch path.
+    """
+    lib = _state[0] if _state is not None else None
+    assert lib is not None, "takes() loads the kernel"
+    query = query.contiguous()
+    target = out if out.is_contiguous() else torch.empty_like(query)
+    heads, dim = query.shape[1:]
+    _, block_size, kv_heads, _ = key_cache.shape
+    done = lib.paged_decode(
+        query.data_ptr(),
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        plan.tables.data_ptr(),
+        plan.tables.shape[1],
+        plan.seqs.data_ptr(),
+        plan.rows.data_ptr(),
+        plan.first.data_ptr(),
+        plan.lens.data_ptr(),
+        len(plan.seqs),
+        heads,
+        kv_heads,
+        dim,
+        block_size,
+        scale,
+        softcap or 0.0,
+        target.data_ptr(),
+    )
+    if done != 0:
+        return False
+    if target is not out:
+        out.index_copy_(0, plan.rows, target.index_select(0, plan.rows))
+    return True

@@ -1,0 +1,88 @@
+"""Build and load the engine's C kernels (cpu_quant.c, cpu_attention.c) with the machine's compiler.
+
+Each source is built with ``$CC``, cc, gcc or clang (``-O3 -march=native``, OpenMP when
+the compiler has it, sharing torch's runtime) into a cache folder, keyed by the source,
+the compiler and the CPU, so a build is made once and never loaded on a CPU it was not
+made for. Loading says why it could not happen instead of raising: the engine then takes
+its torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def default_build_dir() -> Path:
+    """Where libraries are built when no folder is given: the user's own cache folder.
+
+    Not a shared temp folder: another user could leave a library there to be loaded.
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "paged-llm" / "kernels"
+
+
+def load(build_dir: Path, source: Path, name: str) -> tuple[ctypes.CDLL | None, str | None]:
+    """Build ``source`` (once per source, compiler and CPU) as ``name-<key>.so`` and load it.
+
+    Returns the library and None, or None and why not (no compiler, a failed build).
+    """
+    compiler = find_compiler()
+    if compiler is None:
+        return None, "no C compiler ($CC, cc, gcc or clang) on PATH"
+    try:
+        path = build(compiler, build_dir, source, name)
+        return ctypes.CDLL(str(path)), None
+    except (OSError, subprocess.SubprocessError) as err:
+        _LOGGER.warning("could not build %s: %s", source.name, err)
+        return None, f"building them with {compiler} failed: {err}"
+
+
+def find_compiler() -> str | None:
+    """The C compiler to use: $CC, else the first of cc, gcc and clang on PATH."""
+    names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
+    return next((path for name in names if (path := shutil.which(name))), None)
+
+
+def build(compiler: str, build_dir: Path, source: Path, name: str) -> Path:
+    """Compile source into build_dir unless a build for this compiler and CPU exists."""
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    key = hashlib.sha256()
+    for part in (source.read_bytes(), compiler.encode(), version.encode(), cpu_flags()):
+        key.update(part)
+    path = build_dir / f"{name}-{key.hexdigest()[:16]}.so"
+    if path.is_file():
+        return path
+    build_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # -ffp-contract=off: each product is rounded as torch rounds it (clang would fuse it).
+    base = [compiler, "-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC",
+            "-std=c11", str(source), "-lm"]  # fmt: skip
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    # OpenMP shares torch's runtime (the same libgomp); without it one core does the work.
+    for extra in (["-fopenmp"], []):
+        done = subprocess.run(
+            [*base, *extra, "-o", str(tmp)], capture_output=True, text=True, timeout=120
+        )
+        if done.returncode == 0:
+            os.replace(tmp, path)
+            return path
+    raise subprocess.SubprocessError(done.stderr.strip()[-500:] or f"exit {done.returncode}")
+
+
+def cpu_flags() -> bytes:
+    """The CPU's feature flags (a build with -march=native is only good for them)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return b""
+    flags = (line for line in text.splitlines() if line.startswith(("flags", "Features")))
+    return next(flags, "").encode()
