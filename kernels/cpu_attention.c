@@ -169,20 +169,39 @@ static void attend_span(const float *q, const float *kc, const float *vc, const 
     }
 }
 
+/* Whether every block the sequences read is in the pool and in their tables' width. */
+static int blocks_in_pool(const int32_t *tables, int64_t table_width, const int64_t *seqs,
+                          const int64_t *first, const int64_t *lens, int64_t n,
+                          int64_t block_size, int64_t num_blocks)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (first[i] < 0 || lens[i] > table_width * block_size)
+            return 0;
+        const int32_t *table = tables + seqs[i] * table_width;
+        for (int64_t b = first[i] / block_size; b * block_size < lens[i]; b++)
+            if (table[b] < 0 || table[b] >= num_blocks)
+                return 0;
+    }
+    return 1;
+}
+
 /* out[rows[i], head, :] for each decoding sequence i: its query q[rows[i]] [heads, dim] over
- * keys first[i] .. lens[i] - 1 of the blocks in tables[seqs[i]] (row stride table_width).
- * softcap <= 0: none. dim must be a multiple of 16, at most MAX_DIM. Returns 0, or -1 when
- * a shape is beyond those limits or memory for the partial sums is short (the caller then
- * takes the torch path). */
+ * keys first[i] .. lens[i] - 1 of the blocks in tables[seqs[i]] (row stride table_width) of
+ * a pool of num_blocks blocks. softcap <= 0: none. dim must be a multiple of 16, at most
+ * MAX_DIM. Returns 0; -1 when a shape is beyond those limits or memory for the partial sums
+ * is short (the caller then takes the torch path); -2, having read nothing, when a block
+ * table names a block outside the pool. */
 int paged_decode(const float *q, const float *kc, const float *vc, const int32_t *tables,
-                 int64_t table_width, const int64_t *seqs, const int64_t *rows,
-                 const int64_t *first, const int64_t *lens, int64_t n, int64_t heads,
-                 int64_t kv_heads, int64_t dim, int64_t block_size, float scale, float softcap,
-                 float *out)
+                 int64_t table_width, int64_t num_blocks, const int64_t *seqs,
+                 const int64_t *rows, const int64_t *first, const int64_t *lens, int64_t n,
+                 int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, float scale,
+                 float softcap, float *out)
 {
     const int64_t group = heads / kv_heads;
     if (dim % 16 || dim > MAX_DIM || group * kv_heads != heads)
         return -1;
+    if (!blocks_in_pool(tables, table_width, seqs, first, lens, n, block_size, num_blocks))
+        return -2;
     const int64_t span = SPAN_BLOCKS * block_size;
     int64_t *starts = malloc(sizeof(int64_t) * (n + 1));
     if (!starts)

@@ -47,7 +47,7 @@ def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | 
     lib, reason = native_build.load(build_dir, source, "cpu_attention")
     if lib is None:
         return None, reason
-    lib.paged_decode.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR]
+    lib.paged_decode.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR]
     lib.paged_decode.argtypes += [_I64] * 5 + [ctypes.c_float, ctypes.c_float, _PTR]
     lib.paged_decode.restype = ctypes.c_int
     return lib, None
@@ -103,8 +103,9 @@ def decode(
 ) -> bool:
     """Attend each planned sequence's query row into ``out``; False if the kernel could not.
 
-    ``takes`` must hold. False only when the kernel found no memory for its partial sums;
-    the caller then takes the torch path.
+    ``takes`` must hold. False when the kernel refuses the head size or found no memory for
+    its partial sums: the caller then takes the torch path. IndexError when a block table
+    names a block outside the pool (nothing is read there).
     """
     lib = _state[0] if _state is not None else None
     assert lib is not None, "takes() loads the kernel"
@@ -118,6 +119,7 @@ def decode(
         value_cache.data_ptr(),
         plan.tables.data_ptr(),
         plan.tables.shape[1],
+        key_cache.shape[0],
         plan.seqs.data_ptr(),
         plan.rows.data_ptr(),
         plan.first.data_ptr(),
@@ -131,6 +133,11 @@ def decode(
         softcap or 0.0,
         target.data_ptr(),
     )
+    if done == -2:
+        # What index_select raises on the torch path; the kernel read nothing.
+        raise IndexError(
+            f"a block table names a block outside the pool of {key_cache.shape[0]} blocks"
+        )
     if done != 0:
         return False
     if target is not out:

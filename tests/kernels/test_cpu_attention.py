@@ -90,3 +90,12 @@ def test_without_the_kernel_the_torch_path_runs(monkeypatch: pytest.MonkeyPatch)
     assert not cpu_attention.takes(step.query, step.key_cache, step.value_cache)
     result = reference.paged_attention(*step.args(), **step.kwargs())
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]
+
+
+def test_a_block_outside_the_pool_is_refused_before_anything_is_read() -> None:
+    step = CONFIGS[0].step([(40, 1), (300, 1)], seed=16)
+    step.block_tables[1, 5] = step.key_cache.shape[0]  # one past the pool's last block
+    out = step.nan_out()
+    with pytest.raises(IndexError, match=r"outside the pool of \d+ blocks"):
+        reference.paged_attention(*step.args(), **step.kwargs(), out=out)
+    assert bool(out.isnan().all())
