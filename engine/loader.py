@@ -58,6 +58,8 @@ class LoadedModel:
     context_limit: str
     eos_token_ids: tuple[int, ...]
     weights: str = "float"
+    # How decode attention runs on this device and dtype (for diagnostics).
+    attention: str = "torch"
     # A request that sets no repetition penalty gets this (the model's generation_config).
     repetition_penalty: float = 1.0
 
@@ -298,8 +300,7 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         raise ModelLoadError(f"could not load model {source!r}: {err}") from err
     model.to(device)
     model.eval()
-    if device.type == "cpu" and dtype == torch.float32:
-        _build_attention_kernel(config.cache_dir)
+    attention = _attention_path(device, dtype, config)
     max_model_len, context_limit = exact_context(model.config)
     return LoadedModel(
         model=model,
@@ -311,15 +312,26 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         context_limit=context_limit,
         eos_token_ids=eos_token_ids(model, tokenizer),
         weights=weights,
+        attention=attention,
         repetition_penalty=default_repetition_penalty(model),
     )
 
 
-def _build_attention_kernel(cache_dir: Path | None) -> None:
-    """Build the float32 CPU decode attention kernel now, not in the first decode step."""
+def _attention_path(device: torch.device, dtype: torch.dtype, config: EngineConfig) -> str:
+    """Say how decode attention will run; on a float32 CPU engine, build its C kernel now.
+
+    Built at load (once per machine), not in the first decode step.
+    """
+    if device.type != "cpu" or config.attention_backend == "triton":
+        return f"{config.attention_backend} backend on {device.type}"
+    if dtype != torch.float32:
+        return f"torch ({str(dtype).removeprefix('torch.')})"
+    cache_dir = config.cache_dir
     reason = cpu_attention.unavailable(None if cache_dir is None else cache_dir / "kernels")
     if reason is not None:
         _LOGGER.info("decode attention takes the torch path: %s", reason)
+        return f"torch ({reason})"
+    return "C kernel in place (float32 decodes), torch SDPA for prefill"
 
 
 def apply_weights(

@@ -289,6 +289,7 @@ def main() -> None:
         "model": DEFAULT_MODEL,
         "dtype": args.dtype,
         "weights": args.weights,
+        "attention": loaded.attention,
         "kv_blocks": args.kv_blocks,
         "policy": args.policy,
         "step_seconds": args.step_seconds,

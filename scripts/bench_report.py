@@ -75,7 +75,8 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
     q = data["quiet"]
     lines += [
         f"Machine: {data['machine']}; torch {data['torch']}; "
-        f"model {data['model']} ({data['dtype']}, weights {data.get('weights', 'float')}); "
+        f"model {data['model']} ({data['dtype']}, weights {data.get('weights', 'float')}; "
+        f"decode attention {data.get('attention', 'torch')}); "
         f"KV budget {data.get('kv_blocks', '?')} blocks ({data['kv_mib']:.0f} MiB); "
         f"garbage collector {data.get('gc', 'as Python starts it')}; "
         f"quiet check: {'quiet' if q['quiet'] else 'BUSY'} "

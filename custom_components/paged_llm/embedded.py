@@ -460,6 +460,7 @@ class EmbeddedBackend:
                 "device": str(loaded.device),
                 "dtype": str(loaded.dtype),
                 "weights": loaded.weights,
+                "attention": loaded.attention,
                 "max_model_len": llm_engine.max_model_len,
                 "num_kv_blocks": llm_engine.num_kv_blocks,
                 "block_size": config.block_size,

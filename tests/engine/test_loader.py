@@ -24,7 +24,7 @@ from paged_llm.engine.loader import (
 )
 from paged_llm.engine.memory import RUNTIME_BYTES, weight_bytes
 from paged_llm.engine.sequence import SamplingParams
-from paged_llm.kernels import cpu_quant
+from paged_llm.kernels import cpu_attention, cpu_quant
 
 from support import CACHE
 
@@ -123,6 +123,12 @@ def test_bundled_model_first_32_greedy_tokens_equal_generate(weights: str) -> No
             "q4 (210 4-bit and 1 8-bit linear layers and the 8-bit embedding from the GGUF file,"
             f" float32 kernels, {cpu_quant.vector_path()})"
         )
+    reason = cpu_attention.unavailable()
+    assert loaded.attention == (
+        "C kernel in place (float32 decodes), torch SDPA for prefill"
+        if reason is None
+        else f"torch ({reason})"
+    )
     engine = LLMEngine(loaded, config)
     questions = [
         "What is the capital of France?",
@@ -176,7 +182,9 @@ def test_auto_halves_float32_weights_that_memory_cannot_hold(
 ) -> None:
     free_memory_for(monkeypatch, tiny_model_dir, 0.75)
     config = EngineConfig(model=str(tiny_model_dir), device="cpu")
-    assert load_model(config).dtype == torch.bfloat16
+    halved = load_model(config)
+    assert halved.dtype == torch.bfloat16
+    assert halved.attention == "torch (bfloat16)"  # the C decode kernel is float32 only
     assert "loading them in bfloat16" in caplog.text
     # Asked for float32 outright, the load is refused with the sizes before a weight is read.
     with pytest.raises(ModelLoadError, match=r"need .* in float32 .* or dtype bfloat16"):
