@@ -155,6 +155,7 @@ attend_span_v(const float *q, const float *kc, const float *vc, const int32_t *t
     }
 }
 
+/* attend_span_v with the head size a constant for the common sizes (64, 128). */
 static void attend_span(const float *q, const float *kc, const float *vc, const int32_t *table,
                         int64_t begin, int64_t end, int64_t h, int64_t group, int64_t kv_heads,
                         int64_t dim, int64_t block_size, float scale, float softcap,

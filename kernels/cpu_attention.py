@@ -110,7 +110,9 @@ def decode(
     lib = _state[0] if _state is not None else None
     assert lib is not None, "takes() loads the kernel"
     query = query.contiguous()
-    target = out if out.is_contiguous() else torch.empty_like(query)
+    # The kernel writes float32 rows in place; anything else gets them through a copy.
+    direct = out.is_contiguous() and out.dtype == torch.float32
+    target = out if direct else torch.empty_like(query)
     heads, dim = query.shape[1:]
     _, block_size, kv_heads, _ = key_cache.shape
     done = lib.paged_decode(
@@ -140,6 +142,6 @@ def decode(
         )
     if done != 0:
         return False
-    if target is not out:
-        out.index_copy_(0, plan.rows, target.index_select(0, plan.rows))
+    if not direct:
+        out.index_copy_(0, plan.rows, target.index_select(0, plan.rows).to(out.dtype))
     return True
