@@ -13,10 +13,12 @@ from paged_llm.engine.sequence import FinishReason, Priority, SamplingParams
 from support import make_engine
 
 
-def reference_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+def reference_greedy(
+    model: torch.nn.Module, prompt: list[int], n: int, attention: str = "sdpa"
+) -> list[int]:
     """Greedy tokens from transformers' own generate with its stock attention."""
     impl = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(attention)
     try:
         out = model.generate(
             torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None
@@ -50,6 +52,23 @@ def test_packed_paged_steps_match_generate(arch: str) -> None:
     got = run_all(engine, prompts, params)
     for i, prompt in enumerate(prompts):
         assert got[f"r{i}"] == reference_greedy(engine.loaded.model, prompt, 10), lengths[i]
+    assert engine.kv_manager.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_contexts_over_several_attention_spans_match_generate(arch: str) -> None:
+    # The float32 CPU decode kernel splits a context into spans of 256 keys and merges
+    # them: contexts on both sides of a span's edge and over several spans, beside short ones.
+    engine = make_engine(arch, max_num_batched_tokens=256, block_size=16)
+    rng = random.Random(2)
+    lengths = [3, 250, 256, 257, 700]
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in lengths]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    got = run_all(engine, prompts, params)
+    attention = "eager" if arch == "gemma2" else "sdpa"  # the one Gemma 2 supports
+    for i, prompt in enumerate(prompts):
+        want = reference_greedy(engine.loaded.model, prompt, 12, attention)
+        assert got[f"r{i}"] == want, lengths[i]
     assert engine.kv_manager.num_used_blocks == 0
 
 

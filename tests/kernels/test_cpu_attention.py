@@ -99,3 +99,22 @@ def test_a_block_outside_the_pool_is_refused_before_anything_is_read() -> None:
     with pytest.raises(IndexError, match=r"outside the pool of \d+ blocks"):
         reference.paged_attention(*step.args(), **step.kwargs(), out=out)
     assert bool(out.isnan().all())
+
+
+def test_a_sequence_gets_the_same_bits_alone_or_beside_others() -> None:
+    # Its spans and their merge do not depend on the other sequences of the step, so an
+    # answer does not change with the load.
+    step = CONFIGS[0].step([(300, 1), (1100, 1), (40, 1)], seed=17)
+    together = reference.paged_attention(*step.args(), **step.kwargs())
+    alone = reference.paged_attention(
+        step.query[1:2],
+        step.key_cache,
+        step.value_cache,
+        step.block_tables[1:2],
+        step.context_lens[1:2],
+        torch.tensor([0, 1], dtype=step.query_start_loc.dtype),
+        step.scale,
+        max_query_len=1,
+        max_context_len=1100,
+    )
+    assert torch.equal(together[1:2], alone)
