@@ -10,7 +10,6 @@ where it cannot be built, or for other dtypes, the torch path runs.
 from __future__ import annotations
 
 import ctypes
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,22 +23,13 @@ MAX_DIM = 256
 _PTR = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
-_lock = threading.Lock()
-# (library, why not) once the first caller tried to load it; one build per process.
-_state: tuple[ctypes.CDLL | None, str | None] | None = None
-
-
 def unavailable(build_dir: Path | None = None) -> str | None:
     """Why the kernel cannot run here (no compiler, a failed build), or None when it can.
 
     The first call builds and loads it, in build_dir (the user's cache folder when None);
     later calls answer from that attempt.
     """
-    global _state
-    with _lock:
-        if _state is None:
-            _state = load_library(build_dir or native_build.default_build_dir())
-        return _state[1]
+    return _LIBRARY.unavailable(build_dir)
 
 
 def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | None, str | None]:
@@ -107,8 +97,7 @@ def decode(
     its partial sums: the caller then takes the torch path. IndexError when a block table
     names a block outside the pool (nothing is read there).
     """
-    lib = _state[0] if _state is not None else None
-    assert lib is not None, "takes() loads the kernel"
+    lib = _LIBRARY.get()
     query = query.contiguous()
     # The kernel writes float32 rows in place; anything else gets them through a copy.
     direct = out.is_contiguous() and out.dtype == torch.float32
@@ -145,3 +134,7 @@ def decode(
     if not direct:
         out.index_copy_(0, plan.rows, target.index_select(0, plan.rows).to(out.dtype))
     return True
+
+
+# One build per process, by the first caller.
+_LIBRARY = native_build.Library("float32 CPU decode attention kernels", load_library)

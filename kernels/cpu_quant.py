@@ -41,11 +41,7 @@ def unavailable(build_dir: Path | None = None) -> str | None:
     The first call builds and loads the library, in build_dir (the user's cache folder when
     None); later calls answer from that attempt.
     """
-    global _state
-    with _lock:
-        if _state is None:
-            _state = load_library(build_dir or native_build.default_build_dir())
-        return _state[1]
+    return _LIBRARY.unavailable(build_dir)
 
 
 class Packed:
@@ -77,14 +73,14 @@ class Packed:
             )
         if x.shape[0] > DENSE_ROWS:
             return _dense(x, q4_dequantize if self._q4 else q8_dequantize, *self.tensors)
-        lib = _library()
+        lib = _LIBRARY.get()
         kernel = lib.q4_linear if self._q4 else lib.q8_linear
         return _in_one_call(kernel, x, self.out_features, self._addresses)
 
 
 def vector_path() -> str:
     """The kernels' vector path on this machine ("AVX-512", "AVX2" or "portable C")."""
-    path: bytes = _library().quant_path()
+    path: bytes = _LIBRARY.get().quant_path()
     return path.decode()
 
 
@@ -106,7 +102,7 @@ def q4_dequantize(
     """The dense float32 weight ``[out, in]`` of packed 4-bit codes with scales and zeros."""
     n, k = codes.shape[0], codes.shape[1] * 2
     out = _output(out, n, k)
-    _library().q4_dequantize(*_addresses(codes, scale, zero), n, k, out.data_ptr())
+    _LIBRARY.get().q4_dequantize(*_addresses(codes, scale, zero), n, k, out.data_ptr())
     return out
 
 
@@ -116,7 +112,7 @@ def q8_dequantize(
     """The dense float32 weight ``[out, in]`` of int8 codes with one scale per group."""
     n, k = codes.shape
     out = _output(out, n, k)
-    _library().q8_dequantize(*_addresses(codes, scale), n, k, out.data_ptr())
+    _LIBRARY.get().q8_dequantize(*_addresses(codes, scale), n, k, out.data_ptr())
     return out
 
 
@@ -192,23 +188,6 @@ def _addresses(*tensors: torch.Tensor) -> list[int]:
     return [tensor.data_ptr() for tensor in tensors]
 
 
-_lock = threading.Lock()
-# (library, why not) once the first caller tried to load it; one build per process.
-_state: tuple[ctypes.CDLL | None, str | None] | None = None
-
-
-def _library() -> ctypes.CDLL:
-    """The loaded library, or a RuntimeError saying why there is none."""
-    if _state is not None and _state[0] is not None:
-        return _state[0]  # the per-call path: no lock once it is loaded
-    reason = unavailable()
-    if reason is not None:
-        raise RuntimeError(f"the quantized float32 CPU kernels are unavailable: {reason}")
-    assert _state is not None
-    assert _state[0] is not None
-    return _state[0]
-
-
 def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | None, str | None]:
     """Build (once per source, compiler and CPU) and load a library; or say why not.
 
@@ -230,3 +209,7 @@ def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | 
     if lib.quant_max_rows() != MAX_ROWS:
         return None, f"{source.name} takes {lib.quant_max_rows()} rows per call, not {MAX_ROWS}"
     return lib, None
+
+
+# One build per process, by the first caller.
+_LIBRARY = native_build.Library("quantized float32 CPU kernels", load_library)

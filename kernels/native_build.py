@@ -15,6 +15,8 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 _LOGGER = logging.getLogger(__name__)
@@ -27,6 +29,43 @@ def default_build_dir() -> Path:
     """
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "paged-llm" / "kernels"
+
+
+class Library:
+    """One of the engine's C libraries: built and loaded by the first caller, once per process."""
+
+    def __init__(
+        self, what: str, load_library: Callable[[Path], tuple[ctypes.CDLL | None, str | None]]
+    ) -> None:
+        """``what`` names it in errors; ``load_library(build_dir)`` builds and loads it."""
+        self._what = what
+        self._load_library = load_library
+        self._lock = threading.Lock()
+        # (library, why not) once the first caller tried to load it.
+        self._state: tuple[ctypes.CDLL | None, str | None] | None = None
+
+    def unavailable(self, build_dir: Path | None = None) -> str | None:
+        """Why it cannot run here (no compiler, a failed build), or None when it can.
+
+        The first call builds and loads it, in build_dir (the user's cache folder when
+        None); later calls answer from that attempt.
+        """
+        state = self._state  # the per-call path (every layer asks): no lock once tried
+        if state is None:
+            with self._lock:
+                if self._state is None:
+                    self._state = self._load_library(build_dir or default_build_dir())
+                state = self._state
+        return state[1]
+
+    def get(self) -> ctypes.CDLL:
+        """The loaded library, or a RuntimeError saying why there is none."""
+        reason = self.unavailable()
+        if reason is not None:
+            raise RuntimeError(f"the {self._what} are unavailable: {reason}")
+        assert self._state is not None
+        assert self._state[0] is not None
+        return self._state[0]
 
 
 def load(build_dir: Path, source: Path, name: str) -> tuple[ctypes.CDLL | None, str | None]:

@@ -85,7 +85,7 @@ def test_a_head_the_kernel_refuses_is_left_to_the_caller() -> None:
 
 
 def test_without_the_kernel_the_torch_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_attention, "_state", (None, "no C compiler here"))
+    monkeypatch.setattr(cpu_attention._LIBRARY, "_state", (None, "no C compiler here"))
     step = CONFIGS[0].step(LONG, seed=15)
     assert not cpu_attention.takes(step.query, step.key_cache, step.value_cache)
     result = reference.paged_attention(*step.args(), **step.kwargs())
