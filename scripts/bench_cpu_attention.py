@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_machine import in_own_thread
+from bench_machine import in_own_thread, step_until_decoding
 
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.llm_engine import LLMEngine
@@ -33,9 +33,7 @@ def decode_ms(engine: LLMEngine, seqs: int, context: int, steps: int) -> float:
     params = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True)
     for i in range(seqs):
         engine.add_request([100 + (j * 7 + i) % 5000 for j in range(context)], params)
-    sched = engine.scheduler
-    while sched.num_waiting or any(s.num_output_tokens == 0 for s in sched.running):
-        engine.step()
+    step_until_decoding(engine)
     engine.step()
     started = time.perf_counter()
     for _ in range(steps):

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
+from bench_machine import step_until_decoding
 from bench_runners import engine_config, pct
 from home_workload import WORDS, HomeRequest
 
@@ -187,10 +188,7 @@ def overhead_experiment(
                 SamplingParams(temperature=0.7, max_tokens=new_tokens, ignore_eos=True),
                 request_id=f"o{i}",
             )
-        while engine.scheduler.num_waiting or any(
-            s.num_output_tokens == 0 for s in engine.scheduler.running
-        ):
-            engine.step()
+        step_until_decoding(engine)
         engine.trace = []
         while engine.has_unfinished():
             engine.step()

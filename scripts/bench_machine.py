@@ -1,4 +1,7 @@
-"""The benchmark's machine: is it quiet, what is it, how fast can it multiply and copy."""
+"""The benchmark's machine: is it quiet, what is it, how fast can it multiply and copy.
+
+Also what every timing script shares: a thread per phase, and steps up to the decodes.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Any
 
 import torch
 
+from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import LoadedModel
 
 
@@ -24,6 +28,13 @@ def in_own_thread[T](fn: Callable[..., T], *args: Any) -> T:
     """
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(fn, *args).result()
+
+
+def step_until_decoding(engine: LLMEngine) -> None:
+    """Step until every request has its first token: what follows is decode steps only."""
+    sched = engine.scheduler
+    while sched.num_waiting or any(s.num_output_tokens == 0 for s in sched.running):
+        engine.step()
 
 
 def _busy_jiffies() -> tuple[int, int]:

@@ -11,6 +11,8 @@ import argparse
 import time
 from pathlib import Path
 
+from bench_machine import step_until_decoding
+
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import load_model
@@ -24,10 +26,7 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> float:
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     for i in range(batch):
         engine.add_request(list(range(1000 + i, 1064 + i)), params, request_id=f"r{i}")
-    while engine.scheduler.num_waiting or any(
-        s.num_output_tokens == 0 for s in engine.scheduler.running
-    ):
-        engine.step()  # prefill and first token, not timed
+    step_until_decoding(engine)  # prefill and first token, not timed
     started, produced = time.perf_counter(), 0
     while engine.has_unfinished():
         produced += sum(len(out.token_ids) for out in engine.step())

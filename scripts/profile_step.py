@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from bench_machine import step_until_decoding
 from torch.profiler import ProfilerActivity, profile
 
 from paged_llm.engine.config import EngineConfig
@@ -83,9 +84,7 @@ def main() -> None:
             engine.add_request(list(range(1000 + i, 1064 + i)), params, request_id=f"{batch}-{i}")
         # Prefill (the token budget spreads 32 prompts over several steps), then warm up:
         # the profiled steps must all be pure decode steps.
-        sched = engine.scheduler
-        while sched.num_waiting or any(s.num_output_tokens == 0 for s in sched.running):
-            engine.step()
+        step_until_decoding(engine)
         engine.step()
         clock.seconds = attention.seconds = 0.0
         with profile(activities=[ProfilerActivity.CPU]) as prof:
