@@ -23,6 +23,7 @@ MAX_DIM = 256
 _PTR = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
+
 def unavailable(build_dir: Path | None = None) -> str | None:
     """Why the kernel cannot run here (no compiler, a failed build), or None when it can.
 
