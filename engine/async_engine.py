@@ -286,13 +286,10 @@ class AsyncEngine:
         arrival = time.monotonic()
         loop = asyncio.get_running_loop()
         engine = self.engine
-        # Chat templates and long documents take milliseconds to tokenize: not on the loop.
-        token_ids = await loop.run_in_executor(None, engine.tokenize, prompt, tools)
-        if params.structured is not None:
-            # Compiling a grammar takes up to a second: here, so the step loop finds it cached.
-            await loop.run_in_executor(None, engine.structured.compile, params)
         request_id = request_id or uuid.uuid4().hex
         stream = _Stream(loop, asyncio.Queue())
+        # The id is taken before the first await: of two requests with one id, the one
+        # submitted first keeps it, however long each takes to tokenize.
         with self._lock:
             self._check_alive()
             if request_id in self._streams:
@@ -301,11 +298,17 @@ class AsyncEngine:
                     "duplicate_id", f"request id {request_id!r} is already in use"
                 )
             self._streams[request_id] = stream
-        self._commands.put(_Add(request_id, token_ids, params, priority, arrival))
-        STEP_THREAD.wake()
-        finished = False
+        finished = submitted = False
         completion_tokens = 0
         try:
+            # Chat templates and long documents take milliseconds to tokenize: not on the loop.
+            token_ids = await loop.run_in_executor(None, engine.tokenize, prompt, tools)
+            if params.structured is not None:
+                # Compiling a grammar takes up to a second: here, so the step loop finds it.
+                await loop.run_in_executor(None, engine.structured.compile, params)
+            self._commands.put(_Add(request_id, token_ids, params, priority, arrival))
+            submitted = True
+            STEP_THREAD.wake()
             while True:
                 item = await stream.queue.get()
                 if item is None or stream.aborted:
@@ -334,7 +337,7 @@ class AsyncEngine:
             with self._lock:
                 if self._streams.get(request_id) is stream:
                     del self._streams[request_id]
-            if not finished:
+            if submitted and not finished:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:

@@ -327,3 +327,38 @@ async def test_an_announced_voice_holds_the_step_budget_on_the_engine_thread() -
         assert not sched.step_budget_held()
     finally:
         await engine.stop()
+
+
+async def test_a_duplicate_id_is_refused_and_the_first_request_finishes_whatever_the_timing() -> (
+    None
+):
+    """Pairs with one id, submitted back to back many times: the second is always refused.
+
+    The second prompt is short and the first long, so without the id taken at submission
+    the second would finish tokenizing first and take the id from the first.
+    """
+    engine = await started()
+    try:
+        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+        long_prompt = "word " * 400
+        for i in range(20):
+            first = engine.generate(long_prompt, params, request_id=f"dup-{i}")
+            second = engine.generate("hi", params, request_id=f"dup-{i}")
+            results = await asyncio.gather(
+                asyncio.ensure_future(_drain(first)),
+                asyncio.ensure_future(_drain(second)),
+                return_exceptions=True,
+            )
+            assert isinstance(results[0], list), results[0]
+            assert results[0][-1].finish_reason is FinishReason.LENGTH
+            assert isinstance(results[1], RequestRejected), results[1]
+            assert results[1].code == "duplicate_id"
+        await becomes_true(lambda: engine.engine.kv_manager.num_used_blocks == 0, 2.0)
+        assert engine.engine.kv_manager.num_used_blocks == 0
+    finally:
+        await engine.stop()
+
+
+async def _drain(stream):
+    """Every output of a stream."""
+    return [out async for out in stream]
