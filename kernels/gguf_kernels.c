@@ -1,0 +1,1384 @@
+/* GGUF weight matrices times float32 activations, the weights read in their own block
+ * formats (built by gguf_kernels.py with the machine's compiler, -O3 -march=native
+ * -ffp-contract=off -fopenmp).
+ *
+ * Weights: GGML's blocks, as a GGUF file stores them (one weight row = k / block blocks):
+ *   32 values a block:  Q4_0 (fp16 d, 16 bytes of nibbles: w = d * (q - 8)),
+ *                       Q4_1 (fp16 d, m, nibbles: w = d * q + m),
+ *                       Q5_0 (fp16 d, 32 high bits, nibbles: w = d * (q - 16)),
+ *                       Q5_1 (fp16 d, m, high bits, nibbles: w = d * q + m),
+ *                       Q8_0 (fp16 d, 32 signed bytes: w = d * q);
+ *   256 values a block: Q4_K, Q5_K (fp16 d, dmin, 8 six-bit scales and mins, 4/5-bit codes:
+ *                       w = d * sc_j * q - dmin * m_j for the 32 values of sub-block j),
+ *                       Q6_K (6-bit codes, 16 signed 8-bit scales, fp16 d:
+ *                       w = d * sc_j * (q - 32) for the 16 values of group j);
+ *   F32, F16, BF16: one value each.
+ * Low nibbles hold a block's first values, high nibbles the next (GGML's order).
+ *
+ * Activations are quantized per block to 8 bits, as llama.cpp does, in this kernel's own
+ * format (one "activation row" of gk_act_bytes bytes per input row):
+ *   32-value types: k int8 codes, then one float scale and one int16 sum of codes a block;
+ *   K types:        k int8 codes, one float scale per 256 values, one int16 sum per 16;
+ *   float types:    the float32 row itself.
+ * A code is rint(x / d) with d = max|x| / 127 over its block.
+ *
+ * Each block's dot product is an exact integer (codes times codes, with the scales of the
+ * K types and the offsets 8, 16, 32 folded in as integers); the SIMD paths (AVX2's
+ * maddubs + madd, VNNI's dpbusd, NEON's sdot or widening multiplies) compute the very
+ * integers the portable reference does. The float combination is written once, in a fixed
+ * order that the SIMD paths follow lane for lane:
+ *   32-value types: term_b = (dw_b * dx_b) * s_b [+ (mw_b * dx_b) * sum_b], term b added to
+ *                   lane b % 8 (mul then add, two roundings), then a fixed pairwise sum of
+ *                   the 8 lanes;
+ *   K types:        one float per 256-value block, added in order to one sum;
+ *   float types:    w_i * x_i added to lane i % 32, then a pairwise sum of the 32 lanes.
+ * So every path gives the same bits as the reference, and a (row, output) value does not
+ * depend on the other rows of a call, the thread count or the tile it falls in (batch
+ * invariance). Only dequantization differs from nothing: it is GGUF's own float expression.
+ *
+ * Paths, chosen when the library is built (-march=native): AVX2 with F16C (vectors of 256
+ * bits; the integer dots by dpbusd where AVX-512 VNNI or AVX-VNNI is there), NEON on
+ * aarch64 (sdot where the dotprod extension is there), and portable C everywhere else.
+ * The same source builds on every path; gguf_kernels_test.c checks each against the
+ * portable reference.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define GK_AVX2 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define GK_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(__AVXVNNI__)
+#define GK_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#endif
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define GK_NEON 1
+#endif
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* GGML's type ids. */
+enum {
+    T_F32 = 0,
+    T_F16 = 1,
+    T_Q4_0 = 2,
+    T_Q4_1 = 3,
+    T_Q5_0 = 6,
+    T_Q5_1 = 7,
+    T_Q8_0 = 8,
+    T_Q4_K = 12,
+    T_Q5_K = 13,
+    T_Q6_K = 14,
+    T_BF16 = 30,
+};
+
+/* How a type's products are formed. */
+enum { F_NONE, F_FLOAT, F_SMALL /* 32-value blocks */, F_SUPER /* 256-value blocks */ };
+
+#define RT 8 /* input rows a tile takes: each weight block is decoded once for them */
+#define LANES_SMALL 8
+#define LANES_FLOAT 32
+
+typedef struct {
+    int family;
+    int block; /* values a block */
+    int bytes; /* bytes a block */
+} type_info;
+
+static type_info info(int type)
+{
+    switch (type) {
+    case T_F32:
+        return (type_info){F_FLOAT, 1, 4};
+    case T_F16:
+    case T_BF16:
+        return (type_info){F_FLOAT, 1, 2};
+    case T_Q4_0:
+        return (type_info){F_SMALL, 32, 18};
+    case T_Q4_1:
+        return (type_info){F_SMALL, 32, 20};
+    case T_Q5_0:
+        return (type_info){F_SMALL, 32, 22};
+    case T_Q5_1:
+        return (type_info){F_SMALL, 32, 24};
+    case T_Q8_0:
+        return (type_info){F_SMALL, 32, 34};
+    case T_Q4_K:
+        return (type_info){F_SUPER, 256, 144};
+    case T_Q5_K:
+        return (type_info){F_SUPER, 256, 176};
+    case T_Q6_K:
+        return (type_info){F_SUPER, 256, 210};
+    default:
+        return (type_info){F_NONE, 1, 0};
+    }
+}
+
+/* ---- small helpers --------------------------------------------------------------------- */
+
+static inline uint16_t rd16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline uint32_t rd32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* An IEEE half's exact float value (subnormals, infinities and NaN payloads kept, as
+ * numpy's conversion does). */
+static inline float h2f(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0x1f)
+        return bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        if (man == 0)
+            return bits_f32(sign);
+        exp = 113; /* 127 - 15 + 1, lowered below until the leading bit is the implicit one */
+        while (!(man & 0x400)) {
+            man <<= 1;
+            exp--;
+        }
+        return bits_f32(sign | (exp << 23) | ((man & 0x3ff) << 13));
+    }
+    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+static inline float bf2f(uint16_t b) { return bits_f32((uint32_t)b << 16); }
+
+static inline int64_t pad64(int64_t bytes) { return (bytes + 63) & ~(int64_t)63; }
+
+/* The six-bit scale and min of sub-block j of a Q4_K or Q5_K block (12 packed bytes). */
+static inline void scale_min_k4(const uint8_t *s, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* The fixed pairwise sum of n lanes (n a power of two), in place. */
+static inline float pairwise(float *lane, int n)
+{
+    for (int width = n / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; l++)
+            lane[l] += lane[l + width];
+    return lane[0];
+}
+
+/* ---- sizes ------------------------------------------------------------------------------ */
+
+int64_t gk_row_bytes(int type, int64_t k)
+{
+    const type_info t = info(type);
+    if (t.family == F_NONE || k < 0 || k % t.block)
+        return -1;
+    return k / t.block * t.bytes;
+}
+
+int64_t gk_act_bytes(int type, int64_t k)
+{
+    const type_info t = info(type);
+    if (t.family == F_NONE || k < 0 || k % t.block)
+        return -1;
+    if (t.family == F_FLOAT)
+        return 4 * k;
+    if (t.family == F_SMALL) { /* groups of 8 blocks: 256 codes, 8 float scales, 8 sums */
+        const int64_t groups = (k / 32 + 7) / 8;
+        return pad64(groups * (256 + 32 + 16));
+    }
+    return pad64(k + 4 * (k / 256) + 2 * (k / 16)); /* codes, a scale per 256, a sum per 16 */
+}
+
+/* Where an activation row's parts lie. */
+typedef struct {
+    const int8_t *q;
+    const float *d;
+    const int16_t *s;
+} act_view;
+
+static inline act_view act_at(const uint8_t *row, int64_t k, int family)
+{
+    if (family == F_SMALL) {
+        const int64_t groups = (k / 32 + 7) / 8;
+        return (act_view){(const int8_t *)row, (const float *)(const void *)(row + 256 * groups),
+                          (const int16_t *)(const void *)(row + 288 * groups)};
+    }
+    return (act_view){(const int8_t *)row, (const float *)(const void *)(row + k),
+                      (const int16_t *)(const void *)(row + k + 4 * (k / 256))};
+}
+
+/* The 32-value types' activations come in groups of 8 blocks (the last group padded with
+ * zeros), laid out for the SIMD paths: blocks 2j and 2j+1 of a group share 64 bytes, first
+ * values 0..15 of each, then values 16..31 of each, so one 256-bit register holds the
+ * halves of two blocks that one load of two blocks' nibbles meets. The scales and sums of a
+ * group lie in slot order: blocks 0, 2, 4, 6, 1, 3, 5, 7 (how the pairs' sums come out of
+ * the reduction). */
+static inline int64_t code_at(int64_t b, int i)
+{
+    const int64_t in = b % 8;
+    return b / 8 * 256 + in / 2 * 64 + i / 16 * 32 + in % 2 * 16 + i % 16;
+}
+
+static inline int64_t slot_at(int64_t b) { return b / 8 * 8 + b % 2 * 4 + b % 8 / 2; }
+
+/* The block (within its group) whose term slot l of a group holds. */
+static const int slot_block[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+/* ---- activation quantization (portable; the compiler vectorises it) -------------------- */
+
+/* The codes of n values with scale d = max|x| / 127, their sum, and d. */
+static inline float quantize_block(const float *x, int n, int8_t *q)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < n; i++)
+        q[i] = (int8_t)rintf(x[i] * id);
+    return d;
+}
+
+static void quantize_row(int type, const float *x, int64_t k, uint8_t *out)
+{
+    const type_info t = info(type);
+    if (t.family == F_FLOAT) {
+        memcpy(out, x, sizeof(float) * k);
+        return;
+    }
+    if (t.family == F_SMALL) {
+        const int64_t groups = (k / 32 + 7) / 8;
+        memset(out, 0, gk_act_bytes(type, k)); /* the last group's missing blocks: zeros */
+        for (int64_t b = 0; b < k / 32; b++) {
+            int8_t q[32];
+            const float d = quantize_block(x + 32 * b, 32, q);
+            int sum = 0;
+            for (int i = 0; i < 32; i++) {
+                out[code_at(b, i)] = (uint8_t)q[i];
+                sum += q[i];
+            }
+            const int16_t s = (int16_t)sum;
+            memcpy(out + 256 * groups + 4 * slot_at(b), &d, sizeof d);
+            memcpy(out + 288 * groups + 2 * slot_at(b), &s, sizeof s);
+        }
+        return;
+    }
+    int8_t *q = (int8_t *)out;
+    const int64_t nsums = k / 16, used = k + 4 * (k / 256) + 2 * nsums;
+    for (int64_t b = 0; b < k / 256; b++) {
+        const float d = quantize_block(x + 256 * b, 256, q + 256 * b);
+        memcpy(out + k + 4 * b, &d, sizeof d);
+    }
+    for (int64_t b = 0; b < nsums; b++) {
+        int sum = 0;
+        for (int i = 0; i < 16; i++)
+            sum += q[16 * b + i];
+        const int16_t s = (int16_t)sum;
+        memcpy(out + k + 4 * (k / 256) + 2 * b, &s, sizeof s);
+    }
+    memset(out + used, 0, gk_act_bytes(type, k) - used);
+}
+
+/* ---- dequantization: GGUF's float expressions, value for value ------------------------- */
+
+static void dequantize_row(int type, const uint8_t *w, int64_t k, float *out)
+{
+    const type_info t = info(type);
+    if (type == T_F32) {
+        memcpy(out, w, sizeof(float) * k);
+        return;
+    }
+    if (type == T_F16 || type == T_BF16) {
+        for (int64_t i = 0; i < k; i++)
+            out[i] = type == T_F16 ? h2f(rd16(w + 2 * i)) : bf2f(rd16(w + 2 * i));
+        return;
+    }
+    for (int64_t b = 0; b < k / t.block; b++) {
+        const uint8_t *blk = w + b * t.bytes;
+        float *y = out + b * t.block;
+        switch (type) {
+        case T_Q4_0: {
+            const float d = h2f(rd16(blk));
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)((blk[2 + j] & 15) - 8);
+                y[j + 16] = d * (float)((blk[2 + j] >> 4) - 8);
+            }
+            break;
+        }
+        case T_Q4_1: {
+            const float d = h2f(rd16(blk)), m = h2f(rd16(blk + 2));
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)(blk[4 + j] & 15) + m;
+                y[j + 16] = d * (float)(blk[4 + j] >> 4) + m;
+            }
+            break;
+        }
+        case T_Q5_0:
+        case T_Q5_1: {
+            const int min = type == T_Q5_1;
+            const float d = h2f(rd16(blk)), m = min ? h2f(rd16(blk + 2)) : 0.0f;
+            const uint32_t qh = rd32(blk + 2 + 2 * min);
+            const uint8_t *qs = blk + 6 + 2 * min;
+            for (int j = 0; j < 16; j++) {
+                const int lo = (qs[j] & 15) | (((qh >> j) & 1) << 4);
+                const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+                if (min) {
+                    y[j] = d * (float)lo + m;
+                    y[j + 16] = d * (float)hi + m;
+                } else {
+                    y[j] = d * (float)(lo - 16);
+                    y[j + 16] = d * (float)(hi - 16);
+                }
+            }
+            break;
+        }
+        case T_Q8_0: {
+            const float d = h2f(rd16(blk));
+            for (int j = 0; j < 32; j++)
+                y[j] = (float)(int8_t)blk[2 + j] * d;
+            break;
+        }
+        case T_Q4_K:
+        case T_Q5_K: {
+            const float d = h2f(rd16(blk)), dmin = h2f(rd16(blk + 2));
+            const int five = type == T_Q5_K;
+            const uint8_t *qh = blk + 16, *qs = blk + 16 + 32 * five;
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                scale_min_k4(blk + 4, j, &sc, &m);
+                const float dl = d * (float)sc, ml = dmin * (float)m;
+                for (int i = 0; i < 32; i++) {
+                    int q = (qs[32 * (j / 2) + i] >> (4 * (j & 1))) & 15;
+                    if (five)
+                        q |= ((qh[i] >> j) & 1) << 4;
+                    y[32 * j + i] = dl * (float)q - ml;
+                }
+            }
+            break;
+        }
+        case T_Q6_K: {
+            const uint8_t *ql = blk, *qh = blk + 128;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            const float d = h2f(rd16(blk + 208));
+            for (int v = 0; v < 256; v++) {
+                const int h = v / 128, j = (v % 128) / 32, i = v % 32;
+                const int q = ((ql[64 * h + 32 * (j & 1) + i] >> (4 * (j >> 1))) & 15) |
+                              (((qh[32 * h + i] >> (2 * j)) & 3) << 4);
+                y[v] = (d * (float)sc[v / 16]) * (float)(q - 32);
+            }
+            break;
+        }
+        default:
+            break;
+        }
+    }
+}
+
+/* ---- the float combinations, shared by every path -------------------------------------- */
+
+/* One 32-value block's term: (dw * dx) * s [+ (mw * dx) * sum]. */
+static inline float small_term(int min, float dw, float mw, float dx, int32_t s, int32_t sum)
+{
+    float t = (dw * dx) * (float)s;
+    if (min)
+        t = t + (mw * dx) * (float)sum;
+    return t;
+}
+
+/* One 256-value block's term, from its integer sums S (codes times scales) and M (the
+ * mins, or Q6_K's scales, times the input sums). */
+static inline float super_term(int type, float d, float dmin, float dx, int32_t S, int32_t M)
+{
+    if (type == T_Q6_K)
+        return (d * dx) * (float)(S - 32 * M);
+    return (d * dx) * (float)S - (dmin * dx) * (float)M;
+}
+
+/* ---- portable reference ----------------------------------------------------------------- */
+
+/* Block b's 32 codes as integers and its offset (8, 16 or 0), its fp16 scale and min. */
+static inline int ref_codes(int type, const uint8_t *blk, int q[32], uint16_t *dh, uint16_t *mh)
+{
+    *dh = rd16(blk);
+    *mh = 0;
+    switch (type) {
+    case T_Q4_0:
+    case T_Q4_1: {
+        const int min = type == T_Q4_1;
+        if (min)
+            *mh = rd16(blk + 2);
+        for (int j = 0; j < 16; j++) {
+            q[j] = blk[2 + 2 * min + j] & 15;
+            q[j + 16] = blk[2 + 2 * min + j] >> 4;
+        }
+        return min ? 0 : 8;
+    }
+    case T_Q5_0:
+    case T_Q5_1: {
+        const int min = type == T_Q5_1;
+        if (min)
+            *mh = rd16(blk + 2);
+        const uint32_t qh = rd32(blk + 2 + 2 * min);
+        const uint8_t *qs = blk + 6 + 2 * min;
+        for (int j = 0; j < 16; j++) {
+            q[j] = (qs[j] & 15) | (((qh >> j) & 1) << 4);
+            q[j + 16] = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        }
+        return min ? 0 : 16;
+    }
+    default: /* Q8_0 */
+        for (int j = 0; j < 32; j++)
+            q[j] = (int8_t)blk[2 + j];
+        return 0;
+    }
+}
+
+/* One output of one row for a 32-value type: the lanes of the header comment. */
+static float ref_small(int type, const uint8_t *w, int64_t k, const uint8_t *xrow)
+{
+    const type_info t = info(type);
+    const act_view x = act_at(xrow, k, F_SMALL);
+    const int64_t nb = k / 32, padded = (nb + LANES_SMALL - 1) / LANES_SMALL * LANES_SMALL;
+    const int min = type == T_Q4_1 || type == T_Q5_1;
+    float lane[LANES_SMALL] = {0};
+    for (int64_t b = 0; b < padded; b++) {
+        float term = 0.0f;
+        if (b < nb) {
+            int q[32];
+            uint16_t dh, mh;
+            const int offset = ref_codes(type, w + b * t.bytes, q, &dh, &mh);
+            int32_t s = 0;
+            for (int j = 0; j < 32; j++)
+                s += q[j] * x.q[code_at(b, j)];
+            const int32_t sum = x.s[slot_at(b)];
+            s -= offset * sum;
+            term = small_term(min, h2f(dh), h2f(mh), x.d[slot_at(b)], s, sum);
+        }
+        lane[b % LANES_SMALL] += term;
+    }
+    return pairwise(lane, LANES_SMALL);
+}
+
+/* The integer sums S and M of one 256-value block against one activation block. */
+static void ref_super_sums(int type, const uint8_t *blk, const int8_t *xq, const int16_t *xs,
+                           int32_t *S, int32_t *M)
+{
+    int32_t s = 0, m = 0;
+    if (type == T_Q6_K) {
+        const uint8_t *ql = blk, *qh = blk + 128;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int g = 0; g < 16; g++) {
+            int32_t dot = 0;
+            for (int v = 16 * g; v < 16 * g + 16; v++) {
+                const int h = v / 128, j = (v % 128) / 32, i = v % 32;
+                const int q = ((ql[64 * h + 32 * (j & 1) + i] >> (4 * (j >> 1))) & 15) |
+                              (((qh[32 * h + i] >> (2 * j)) & 3) << 4);
+                dot += q * xq[v];
+            }
+            s += sc[g] * dot;
+            m += sc[g] * xs[g];
+        }
+    } else {
+        const int five = type == T_Q5_K;
+        const uint8_t *qh = blk + 16, *qs = blk + 16 + 32 * five;
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            scale_min_k4(blk + 4, j, &sc, &mn);
+            int32_t dot = 0;
+            for (int i = 0; i < 32; i++) {
+                int q = (qs[32 * (j / 2) + i] >> (4 * (j & 1))) & 15;
+                if (five)
+                    q |= ((qh[i] >> j) & 1) << 4;
+                dot += q * xq[32 * j + i];
+            }
+            s += sc * dot;
+            m += mn * (xs[2 * j] + xs[2 * j + 1]);
+        }
+    }
+    *S = s;
+    *M = m;
+}
+
+/* One output of one row for a K type: the blocks' terms added in order. */
+static float ref_super(int type, const uint8_t *w, int64_t k, const uint8_t *xrow)
+{
+    const type_info t = info(type);
+    const act_view x = act_at(xrow, k, F_SUPER);
+    const int dpos = type == T_Q6_K ? 208 : 0;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < k / 256; b++) {
+        const uint8_t *blk = w + b * t.bytes;
+        int32_t S, M;
+        ref_super_sums(type, blk, x.q + 256 * b, x.s + 16 * b, &S, &M);
+        const float dmin = type == T_Q6_K ? 0.0f : h2f(rd16(blk + 2));
+        acc += super_term(type, h2f(rd16(blk + dpos)), dmin, x.d[b], S, M);
+    }
+    return acc;
+}
+
+static inline float float_weight(int type, const uint8_t *w, int64_t i)
+{
+    if (type == T_F32) {
+        float f;
+        memcpy(&f, w + 4 * i, sizeof f);
+        return f;
+    }
+    return type == T_F16 ? h2f(rd16(w + 2 * i)) : bf2f(rd16(w + 2 * i));
+}
+
+/* One output of one row for a float type: 32 lanes, then their pairwise sum. */
+static float ref_float(int type, const uint8_t *w, int64_t k, const float *x)
+{
+    float lane[LANES_FLOAT] = {0};
+    const int64_t padded = (k + LANES_FLOAT - 1) / LANES_FLOAT * LANES_FLOAT;
+    for (int64_t i = 0; i < padded; i++)
+        lane[i % LANES_FLOAT] += i < k ? float_weight(type, w, i) * x[i] : 0.0f;
+    return pairwise(lane, LANES_FLOAT);
+}
+
+/* Output o (weight row w) of R activation rows x (xstride bytes apart) into y[r * ystride]:
+ * the reference, also the path where no SIMD one exists. */
+static void ref_rows(int type, const uint8_t *w, int64_t k, const uint8_t *x, int64_t xstride,
+                     int64_t R, float *y, int64_t ystride)
+{
+    const int family = info(type).family;
+    for (int64_t r = 0; r < R; r++) {
+        const uint8_t *xr = x + r * xstride;
+        float v;
+        if (family == F_SMALL)
+            v = ref_small(type, w, k, xr);
+        else if (family == F_SUPER)
+            v = ref_super(type, w, k, xr);
+        else
+            v = ref_float(type, w, k, (const float *)(const void *)xr);
+        y[r * ystride] = v;
+    }
+}
+
+/* ---- AVX2 ------------------------------------------------------------------------------- */
+#if defined(GK_AVX2)
+
+/* A half's float value by F16C (as h2f, for every value but signalling NaNs). */
+static inline float fp16(const uint8_t *p) { return _cvtsh_ss(rd16(p)); }
+
+static inline __m256i mm_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline __m128i mm_load128(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
+
+/* Two 128-bit halves as one register (lo in the low half). */
+INLINE __m256i pair128(__m128i lo, __m128i hi) { return _mm256_set_m128i(hi, lo); }
+
+/* 0x10 in byte i of each half where bit i (upper: i + 16) of that half's qh is set: the
+ * fifth bits of values 0..15 (16..31) of two Q5 blocks. */
+INLINE __m256i high_bits(uint32_t qh0, uint32_t qh1, int upper)
+{
+    const __m256i spread = upper ? _mm256_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                                                   2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)
+                                : _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                   0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i qh = pair128(_mm_set1_epi32((int)qh0), _mm_set1_epi32((int)qh1));
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(qh, spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
+INLINE int32_t hsum_i32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* One group of up to 8 blocks (nblk, a constant where inlined) of a 32-value type from blk,
+ * for R rows: the blocks decoded once, two to a register pair (lo: values 0..15 of both,
+ * hi: values 16..31), then for each row the 8 integer sums in slot order and its lanes.
+ * Without VNNI the unsigned codes' pair products (maddubs) are added in 16 bits up to 8
+ * products (at most 8 * 31 * 127 = 31496), then widened; Q8_0's signed codes (products up
+ * to 128 * 127) widen at once. */
+INLINE void small_step_avx2(const int type, const int nblk, const uint8_t *blk, const uint8_t *x,
+                            int64_t xstride, int64_t k, int64_t g, int64_t R, __m256 *acc)
+{
+    const int bytes = info(type).bytes;
+    const int min = type == T_Q4_1 || type == T_Q5_1;
+    const int at = 2 + 2 * min + 4 * (type == T_Q5_0 || type == T_Q5_1); /* codes' offset */
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256i lo[4], hi[4];
+    uint16_t dh[8], mh[8];
+    for (int j = 0; j < 4; j++) {
+        const uint8_t *p0 = blk + 2 * j * bytes, *p1 = p0 + bytes;
+        const int have0 = 2 * j < nblk, have1 = 2 * j + 1 < nblk;
+        /* slots 0..3 hold the even blocks, 4..7 the odd ones */
+        dh[j] = have0 ? rd16(p0) : 0;
+        dh[4 + j] = have1 ? rd16(p1) : 0;
+        mh[j] = have0 && min ? rd16(p0 + 2) : 0;
+        mh[4 + j] = have1 && min ? rd16(p1 + 2) : 0;
+        if (type == T_Q8_0) {
+            const __m128i z = _mm_setzero_si128();
+            lo[j] = pair128(have0 ? mm_load128(p0 + 2) : z, have1 ? mm_load128(p1 + 2) : z);
+            hi[j] = pair128(have0 ? mm_load128(p0 + 18) : z, have1 ? mm_load128(p1 + 18) : z);
+#if defined(GK_VNNI)
+            lo[j] = _mm256_xor_si256(lo[j], _mm256_set1_epi8((char)0x80));
+            hi[j] = _mm256_xor_si256(hi[j], _mm256_set1_epi8((char)0x80));
+#endif
+            continue;
+        }
+        const __m128i z = _mm_setzero_si128();
+        const __m256i v = pair128(have0 ? mm_load128(p0 + at) : z, have1 ? mm_load128(p1 + at) : z);
+        lo[j] = _mm256_and_si256(v, m4);
+        hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (type == T_Q5_0 || type == T_Q5_1) {
+            const uint32_t qh0 = have0 ? rd32(p0 + at - 4) : 0, qh1 = have1 ? rd32(p1 + at - 4) : 0;
+            lo[j] = _mm256_or_si256(lo[j], high_bits(qh0, qh1, 0));
+            hi[j] = _mm256_or_si256(hi[j], high_bits(qh0, qh1, 1));
+        }
+    }
+    const __m256 dw = _mm256_cvtph_ps(
+        _mm_setr_epi16((short)dh[0], (short)dh[1], (short)dh[2], (short)dh[3], (short)dh[4],
+                       (short)dh[5], (short)dh[6], (short)dh[7]));
+    __m256 mw = _mm256_setzero_ps();
+    if (min)
+        mw = _mm256_cvtph_ps(_mm_setr_epi16((short)mh[0], (short)mh[1], (short)mh[2],
+                                            (short)mh[3], (short)mh[4], (short)mh[5],
+                                            (short)mh[6], (short)mh[7]));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t r = 0; r < R; r++) {
+        const act_view xv = act_at(x + r * xstride, k, F_SMALL);
+        const int8_t *xq = xv.q + 256 * g;
+        __m256i u[4];
+        for (int j = 0; j < 4; j++) {
+            const __m256i xa = mm_load(xq + 64 * j), xb = mm_load(xq + 64 * j + 32);
+#if defined(GK_VNNI)
+            u[j] = DPBUSD(DPBUSD(_mm256_setzero_si256(), lo[j], xa), hi[j], xb);
+#else
+            if (type == T_Q8_0)
+                u[j] = _mm256_add_epi32(
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(lo[j]),
+                                                           _mm256_sign_epi8(xa, lo[j])), ones),
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(hi[j]),
+                                                           _mm256_sign_epi8(xb, hi[j])), ones));
+            else
+                u[j] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], xa),
+                                        _mm256_maddubs_epi16(hi[j], xb));
+#endif
+        }
+        __m256i s;
+#if defined(GK_VNNI)
+        s = _mm256_hadd_epi32(_mm256_hadd_epi32(u[0], u[1]), _mm256_hadd_epi32(u[2], u[3]));
+#else
+        if (type == T_Q8_0)
+            s = _mm256_hadd_epi32(_mm256_hadd_epi32(u[0], u[1]), _mm256_hadd_epi32(u[2], u[3]));
+        else
+            s = _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_hadd_epi16(u[0], u[1]), ones),
+                                  _mm256_madd_epi16(_mm256_hadd_epi16(u[2], u[3]), ones));
+#endif
+        const __m256 dx = _mm256_loadu_ps(xv.d + 8 * g);
+        const __m256i sum = _mm256_cvtepi16_epi32(mm_load128(xv.s + 8 * g));
+        if (type == T_Q4_0)
+            s = _mm256_sub_epi32(s, _mm256_slli_epi32(sum, 3));
+        else if (type == T_Q5_0)
+            s = _mm256_sub_epi32(s, _mm256_slli_epi32(sum, 4));
+#if defined(GK_VNNI)
+        else if (type == T_Q8_0)
+            s = _mm256_sub_epi32(s, _mm256_slli_epi32(sum, 7));
+#endif
+        __m256 term = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s));
+        if (min)
+            term = _mm256_add_ps(term,
+                                 _mm256_mul_ps(_mm256_mul_ps(mw, dx), _mm256_cvtepi32_ps(sum)));
+        acc[r] = _mm256_add_ps(acc[r], term);
+    }
+}
+
+INLINE void small_rows_avx2_(const int type, const uint8_t *w, int64_t k, const uint8_t *x,
+                             int64_t xstride, const int64_t R, float *y, int64_t ystride)
+{
+    const int bytes = info(type).bytes;
+    const int64_t nb = k / 32, whole = nb / 8;
+    __m256 acc[RT];
+    for (int64_t r = 0; r < R; r++)
+        acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < whole; g++)
+        small_step_avx2(type, 8, w + 8 * g * bytes, x, xstride, k, g, R, acc);
+    if (8 * whole < nb)
+        small_step_avx2(type, (int)(nb - 8 * whole), w + 8 * whole * bytes, x, xstride, k, whole,
+                        R, acc);
+    for (int64_t r = 0; r < R; r++) {
+        float slot[8], lane[8];
+        _mm256_storeu_ps(slot, acc[r]);
+        for (int l = 0; l < 8; l++)
+            lane[slot_block[l]] = slot[l];
+        y[r * ystride] = pairwise(lane, 8);
+    }
+}
+
+/* Byte-shuffle masks that spread int16 word a over a register's low half and word b over
+ * its high half (a madd's scales for one 32-value group). */
+#define W2(a) (char)(2 * (a)), (char)(2 * (a) + 1)
+#define W8(a) W2(a), W2(a), W2(a), W2(a), W2(a), W2(a), W2(a), W2(a)
+#define SPREAD(a, b) _mm256_setr_epi8(W8(a), W8(b))
+
+/* The 8 six-bit scales (low half, int16) and mins (high half) of a Q4_K or Q5_K block. */
+INLINE __m256i scales_mins_k4(const uint8_t *p)
+{
+    const uint32_t a = rd32(p), b = rd32(p + 4), c = rd32(p + 8);
+    const uint32_t sc_lo = a & 0x3f3f3f3fu, m_lo = b & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+    return _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi));
+}
+
+/* The integer sums S and M of one row against a decoded K block, as super_term takes them:
+ * 32-value group j's codes q[j] times the row's inputs, times scales scv[j]; M from the
+ * row's 16 sums. */
+INLINE void super_sums_avx2(const int type, const __m256i q[8], const __m256i scv[8],
+                            __m256i mins, const int8_t *xq, const int16_t *xs, int32_t *S,
+                            int32_t *M)
+{
+    __m256i s = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++)
+        s = _mm256_add_epi32(
+            s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], mm_load(xq + 32 * j)), scv[j]));
+    const __m256i sums = mm_load(xs);
+    if (type == T_Q6_K) { /* S - 32 M in one: super_term takes M = 0 */
+        s = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(mins, sums), 5));
+        *S = hsum_i32(s);
+        *M = 0;
+        return;
+    }
+    /* sums of 32 values: pairs of the 16 sums (at most 2 * 16 * 127) */
+    const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(sums),
+                                         _mm256_extracti128_si256(sums, 1));
+    const __m128i m = _mm_madd_epi16(_mm256_extracti128_si256(mins, 1), pairs);
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_hadd_epi32(t, m);
+    t = _mm_hadd_epi32(t, t); /* S, M, S, M */
+    *S = _mm_cvtsi128_si32(t);
+    *M = _mm_extract_epi32(t, 1);
+}
+
+INLINE void super_rows_avx2_(const int type, const uint8_t *w, int64_t k, const uint8_t *x,
+                             int64_t xstride, const int64_t R, float *y, int64_t ystride)
+{
+    const int bytes = info(type).bytes;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    float acc[RT];
+    for (int64_t r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    for (int64_t b = 0; b < k / 256; b++) {
+        const uint8_t *blk = w + b * bytes;
+        __m256i q[8], scv[8], mins;
+        float d, dmin = 0.0f;
+        if (type == T_Q6_K) {
+            d = fp16(blk + 208);
+            mins = _mm256_cvtepi8_epi16(mm_load128(blk + 192)); /* the 16 scales */
+            const __m256i e = _mm256_permute4x64_epi64(mins, 0x44); /* scales 0..7 twice */
+            const __m256i f = _mm256_permute4x64_epi64(mins, 0xEE); /* scales 8..15 twice */
+            scv[0] = _mm256_shuffle_epi8(e, SPREAD(0, 1));
+            scv[1] = _mm256_shuffle_epi8(e, SPREAD(2, 3));
+            scv[2] = _mm256_shuffle_epi8(e, SPREAD(4, 5));
+            scv[3] = _mm256_shuffle_epi8(e, SPREAD(6, 7));
+            scv[4] = _mm256_shuffle_epi8(f, SPREAD(0, 1));
+            scv[5] = _mm256_shuffle_epi8(f, SPREAD(2, 3));
+            scv[6] = _mm256_shuffle_epi8(f, SPREAD(4, 5));
+            scv[7] = _mm256_shuffle_epi8(f, SPREAD(6, 7));
+            const __m256i m3 = _mm256_set1_epi8(0x30);
+            for (int h = 0; h < 2; h++) {
+                const __m256i l0 = mm_load(blk + 64 * h), l1 = mm_load(blk + 64 * h + 32);
+                const __m256i hb = mm_load(blk + 128 + 32 * h);
+                q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(hb, 4), m3));
+                q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(hb, 2), m3));
+                q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                               _mm256_and_si256(hb, m3));
+                q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), m3));
+            }
+        } else {
+            d = fp16(blk);
+            dmin = fp16(blk + 2);
+            mins = scales_mins_k4(blk + 4);
+            const __m256i e = _mm256_permute4x64_epi64(mins, 0x44); /* scales twice */
+            scv[0] = _mm256_shuffle_epi8(e, SPREAD(0, 0));
+            scv[1] = _mm256_shuffle_epi8(e, SPREAD(1, 1));
+            scv[2] = _mm256_shuffle_epi8(e, SPREAD(2, 2));
+            scv[3] = _mm256_shuffle_epi8(e, SPREAD(3, 3));
+            scv[4] = _mm256_shuffle_epi8(e, SPREAD(4, 4));
+            scv[5] = _mm256_shuffle_epi8(e, SPREAD(5, 5));
+            scv[6] = _mm256_shuffle_epi8(e, SPREAD(6, 6));
+            scv[7] = _mm256_shuffle_epi8(e, SPREAD(7, 7));
+            const uint8_t *qs = blk + 16 + 32 * (type == T_Q5_K);
+            for (int c = 0; c < 4; c++) {
+                const __m256i v = mm_load(qs + 32 * c);
+                q[2 * c] = _mm256_and_si256(v, m4);
+                q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
+            if (type == T_Q5_K) {
+                const __m256i hb = mm_load(blk + 16), bit4 = _mm256_set1_epi8(0x10);
+                /* bit j of each byte moved to bit 4 (16-bit shifts keep bytes apart here) */
+                q[0] = _mm256_or_si256(q[0], _mm256_and_si256(_mm256_slli_epi16(hb, 4), bit4));
+                q[1] = _mm256_or_si256(q[1], _mm256_and_si256(_mm256_slli_epi16(hb, 3), bit4));
+                q[2] = _mm256_or_si256(q[2], _mm256_and_si256(_mm256_slli_epi16(hb, 2), bit4));
+                q[3] = _mm256_or_si256(q[3], _mm256_and_si256(_mm256_slli_epi16(hb, 1), bit4));
+                q[4] = _mm256_or_si256(q[4], _mm256_and_si256(hb, bit4));
+                q[5] = _mm256_or_si256(q[5], _mm256_and_si256(_mm256_srli_epi16(hb, 1), bit4));
+                q[6] = _mm256_or_si256(q[6], _mm256_and_si256(_mm256_srli_epi16(hb, 2), bit4));
+                q[7] = _mm256_or_si256(q[7], _mm256_and_si256(_mm256_srli_epi16(hb, 3), bit4));
+            }
+        }
+        for (int64_t r = 0; r < R; r++) {
+            const act_view xv = act_at(x + r * xstride, k, F_SUPER);
+            int32_t S, M;
+            super_sums_avx2(type, q, scv, mins, xv.q + 256 * b, xv.s + 16 * b, &S, &M);
+            acc[r] += super_term(type, d, dmin, xv.d[b], S, M);
+        }
+    }
+    for (int64_t r = 0; r < R; r++)
+        y[r * ystride] = acc[r];
+}
+
+/* 32 float weights from w (type F32, F16 or BF16) at value i in 4 registers. */
+INLINE void float_weights_avx2(const int type, const uint8_t *w, int64_t i, __m256 v[4])
+{
+    for (int c = 0; c < 4; c++) {
+        const int64_t at = i + 8 * c;
+        if (type == T_F32)
+            v[c] = _mm256_loadu_ps((const float *)(const void *)w + at);
+        else if (type == T_F16)
+            v[c] = _mm256_cvtph_ps(mm_load128(w + 2 * at));
+        else
+            v[c] = _mm256_castsi256_ps(
+                _mm256_slli_epi32(_mm256_cvtepu16_epi32(mm_load128(w + 2 * at)), 16));
+    }
+}
+
+/* Up to 2 rows (R2, a constant where inlined) of one output of a float type. */
+INLINE void float_pair_avx2(const int type, const int R2, const uint8_t *w, int64_t k,
+                            const float *x, int64_t xstride, float *y, int64_t ystride)
+{
+    __m256 acc[2][4];
+    for (int r = 0; r < R2; r++)
+        for (int c = 0; c < 4; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    const int64_t whole = k - k % 32;
+    for (int64_t i = 0; i < whole; i += 32) {
+        __m256 v[4];
+        float_weights_avx2(type, w, i, v);
+        for (int r = 0; r < R2; r++)
+            for (int c = 0; c < 4; c++)
+                acc[r][c] = _mm256_add_ps(
+                    acc[r][c], _mm256_mul_ps(v[c], _mm256_loadu_ps(x + r * xstride + i + 8 * c)));
+    }
+    if (whole < k) { /* the last values, padded with zeros (adding +0, as the reference) */
+        float wt[32] = {0}, xt[2][32] = {{0}};
+        for (int64_t i = whole; i < k; i++) {
+            wt[i - whole] = float_weight(type, w, i);
+            for (int r = 0; r < R2; r++)
+                xt[r][i - whole] = x[r * xstride + i];
+        }
+        for (int r = 0; r < R2; r++)
+            for (int c = 0; c < 4; c++)
+                acc[r][c] = _mm256_add_ps(acc[r][c], _mm256_mul_ps(_mm256_loadu_ps(wt + 8 * c),
+                                                                   _mm256_loadu_ps(xt[r] + 8 * c)));
+    }
+    for (int r = 0; r < R2; r++) {
+        float lane[32];
+        for (int c = 0; c < 4; c++)
+            _mm256_storeu_ps(lane + 8 * c, acc[r][c]);
+        y[r * ystride] = pairwise(lane, 32);
+    }
+}
+
+INLINE void float_rows_avx2_(const int type, const uint8_t *w, int64_t k, const uint8_t *x,
+                             int64_t xstride, const int64_t R, float *y, int64_t ystride)
+{
+    const float *xf = (const float *)(const void *)x;
+    const int64_t fs = xstride / 4;
+    int64_t r = 0;
+    for (; r + 2 <= R; r += 2)
+        float_pair_avx2(type, 2, w, k, xf + r * fs, fs, y + r * ystride, ystride);
+    if (r < R)
+        float_pair_avx2(type, 1, w, k, xf + r * fs, fs, y + r * ystride, ystride);
+}
+
+/* One row (a decode step's usual call) compiled apart, R a constant there. */
+#define ONE_ROW_APART(fn)                                                                       \
+    INLINE void fn(const int type, const uint8_t *w, int64_t k, const uint8_t *x,               \
+                   int64_t xstride, int64_t R, float *y, int64_t ystride)                      \
+    {                                                                                          \
+        if (R == 1)                                                                            \
+            fn##_(type, w, k, x, xstride, 1, y, ystride);                                      \
+        else                                                                                   \
+            fn##_(type, w, k, x, xstride, R, y, ystride);                                      \
+    }
+ONE_ROW_APART(small_rows_avx2)
+ONE_ROW_APART(super_rows_avx2)
+ONE_ROW_APART(float_rows_avx2)
+
+#define SIMD_PATH 1
+#define SMALL_ROWS small_rows_avx2
+#define SUPER_ROWS super_rows_avx2
+#define FLOAT_ROWS float_rows_avx2
+#endif /* GK_AVX2 */
+
+/* ---- NEON ------------------------------------------------------------------------------- */
+#if defined(GK_NEON)
+
+/* Lanes of int32 sums of 16 signed products (codes q, inputs x). */
+INLINE int32x4_t dot16(int32x4_t acc, int8x16_t q, int8x16_t x)
+{
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(acc, q, x);
+#else
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(q), vget_low_s8(x)));
+    return vpadalq_s16(acc, vmull_high_s8(q, x));
+#endif
+}
+
+/* 0x10 in byte j of (lo, hi) where bit j of qh is set. */
+INLINE void high_bits_neon(uint32_t qh, uint8x16_t *lo, uint8x16_t *hi)
+{
+    const uint8x16_t bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t b16 = vdupq_n_u8(16);
+    const uint8x16_t a = vcombine_u8(vdup_n_u8(qh & 255), vdup_n_u8((qh >> 8) & 255));
+    const uint8x16_t b = vcombine_u8(vdup_n_u8((qh >> 16) & 255), vdup_n_u8(qh >> 24));
+    *lo = vandq_u8(vtstq_u8(a, bit), b16);
+    *hi = vandq_u8(vtstq_u8(b, bit), b16);
+}
+
+/* One group of up to 8 blocks (nblk) for R rows, as small_step_avx2: the blocks' integer
+ * sums in slot order (even blocks, then odd), then each row's 8 lanes (acc[2r], acc[2r+1]). */
+INLINE void small_step_neon(const int type, const int nblk, const uint8_t *blk, const uint8_t *x,
+                            int64_t xstride, int64_t k, int64_t g, int64_t R, float32x4_t *acc)
+{
+    const int bytes = info(type).bytes;
+    const int min = type == T_Q4_1 || type == T_Q5_1;
+    const int five = type == T_Q5_0 || type == T_Q5_1;
+    const uint8x16_t m4 = vdupq_n_u8(15);
+    int8x16_t q[8][2]; /* slot order: block slot_block[l], values 0..15 and 16..31 */
+    uint16_t dh[8], mh[8];
+    for (int l = 0; l < 8; l++) {
+        const int b = slot_block[l];
+        q[l][0] = q[l][1] = vdupq_n_s8(0);
+        dh[l] = mh[l] = 0;
+        if (b >= nblk)
+            continue;
+        const uint8_t *p = blk + b * bytes;
+        dh[l] = rd16(p);
+        if (min)
+            mh[l] = rd16(p + 2);
+        if (type == T_Q8_0) {
+            q[l][0] = vld1q_s8((const int8_t *)p + 2);
+            q[l][1] = vld1q_s8((const int8_t *)p + 18);
+            continue;
+        }
+        const uint8x16_t v = vld1q_u8(p + 2 + 2 * min + 4 * five);
+        uint8x16_t lo = vandq_u8(v, m4), hi = vshrq_n_u8(v, 4);
+        if (five) {
+            uint8x16_t hl, hh;
+            high_bits_neon(rd32(p + 2 + 2 * min), &hl, &hh);
+            lo = vorrq_u8(lo, hl);
+            hi = vorrq_u8(hi, hh);
+        }
+        q[l][0] = vreinterpretq_s8_u8(lo);
+        q[l][1] = vreinterpretq_s8_u8(hi);
+    }
+    const uint16x8_t dv = vld1q_u16(dh), mv = vld1q_u16(mh);
+    const float32x4_t dw[2] = {vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(dv))),
+                               vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(dv)))};
+    const float32x4_t mw[2] = {vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(mv))),
+                               vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(mv)))};
+    const int shift = type == T_Q4_0 ? 3 : type == T_Q5_0 ? 4 : -1;
+    for (int64_t r = 0; r < R; r++) {
+        const act_view xv = act_at(x + r * xstride, k, F_SMALL);
+        const int8_t *xq = xv.q + 256 * g;
+        int32x4_t p[8];
+        for (int l = 0; l < 8; l++) {
+            const int b = slot_block[l];
+            const int8_t *xb = xq + b / 2 * 64 + b % 2 * 16;
+            p[l] = vdupq_n_s32(0);
+            if (b < nblk)
+                p[l] = dot16(dot16(p[l], q[l][0], vld1q_s8(xb)), q[l][1], vld1q_s8(xb + 32));
+        }
+        for (int half = 0; half < 2; half++) {
+            const int32x4_t *ph = p + 4 * half;
+            int32x4_t s = vpaddq_s32(vpaddq_s32(ph[0], ph[1]), vpaddq_s32(ph[2], ph[3]));
+            const int32x4_t sum = vmovl_s16(vld1_s16(xv.s + 8 * g + 4 * half));
+            const float32x4_t dx = vld1q_f32(xv.d + 8 * g + 4 * half);
+            if (shift > 0)
+                s = vsubq_s32(s, vshlq_s32(sum, vdupq_n_s32(shift)));
+            float32x4_t term = vmulq_f32(vmulq_f32(dw[half], dx), vcvtq_f32_s32(s));
+            if (min)
+                term = vaddq_f32(term, vmulq_f32(vmulq_f32(mw[half], dx), vcvtq_f32_s32(sum)));
+            acc[2 * r + half] = vaddq_f32(acc[2 * r + half], term);
+        }
+    }
+}
+
+INLINE void small_rows_neon(const int type, const uint8_t *w, int64_t k, const uint8_t *x,
+                            int64_t xstride, int64_t R, float *y, int64_t ystride)
+{
+    const int bytes = info(type).bytes;
+    const int64_t nb = k / 32, whole = nb / 8;
+    float32x4_t acc[2 * RT];
+    for (int64_t r = 0; r < 2 * R; r++)
+        acc[r] = vdupq_n_f32(0.0f);
+    for (int64_t g = 0; g < whole; g++)
+        small_step_neon(type, 8, w + 8 * g * bytes, x, xstride, k, g, R, acc);
+    if (8 * whole < nb)
+        small_step_neon(type, (int)(nb - 8 * whole), w + 8 * whole * bytes, x, xstride, k, whole,
+                        R, acc);
+    for (int64_t r = 0; r < R; r++) {
+        float slot[8], lane[8];
+        vst1q_f32(slot, acc[2 * r]);
+        vst1q_f32(slot + 4, acc[2 * r + 1]);
+        for (int l = 0; l < 8; l++)
+            lane[slot_block[l]] = slot[l];
+        y[r * ystride] = pairwise(lane, 8);
+    }
+}
+
+INLINE void super_rows_neon(const int type, const uint8_t *w, int64_t k, const uint8_t *x,
+                            int64_t xstride, int64_t R, float *y, int64_t ystride)
+{
+    const int bytes = info(type).bytes;
+    const uint8x16_t m4 = vdupq_n_u8(15);
+    float acc[RT];
+    for (int64_t r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    for (int64_t b = 0; b < k / 256; b++) {
+        const uint8_t *blk = w + b * bytes;
+        int8x16_t q[16]; /* codes, 16 values each */
+        int32_t scale[16], mins[16];
+        float d, dmin = 0.0f;
+        if (type == T_Q6_K) {
+            d = h2f(rd16(blk + 208));
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            for (int g = 0; g < 16; g++)
+                scale[g] = mins[g] = sc[g];
+            const uint8x16_t m3 = vdupq_n_u8(0x30);
+            for (int h = 0; h < 2; h++)
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t *l = blk + 64 * h + 16 * half;
+                    const uint8x16_t l0 = vld1q_u8(l), l1 = vld1q_u8(l + 32);
+                    const uint8x16_t hb = vld1q_u8(blk + 128 + 32 * h + 16 * half);
+                    const uint8x16_t v[4] = {
+                        vorrq_u8(vandq_u8(l0, m4), vandq_u8(vshlq_n_u8(hb, 4), m3)),
+                        vorrq_u8(vandq_u8(l1, m4), vandq_u8(vshlq_n_u8(hb, 2), m3)),
+                        vorrq_u8(vshrq_n_u8(l0, 4), vandq_u8(hb, m3)),
+                        vorrq_u8(vshrq_n_u8(l1, 4), vandq_u8(vshrq_n_u8(hb, 2), m3))};
+                    for (int j = 0; j < 4; j++)
+                        q[8 * h + 2 * j + half] = vreinterpretq_s8_u8(v[j]);
+                }
+        } else {
+            d = h2f(rd16(blk));
+            dmin = h2f(rd16(blk + 2));
+            const int five = type == T_Q5_K;
+            const uint8_t *qs = blk + 16 + 32 * five;
+            for (int j = 0; j < 8; j++) {
+                int sc, mn;
+                scale_min_k4(blk + 4, j, &sc, &mn);
+                scale[2 * j] = scale[2 * j + 1] = sc;
+                mins[2 * j] = mins[2 * j + 1] = mn;
+            }
+            for (int c = 0; c < 4; c++)
+                for (int half = 0; half < 2; half++) {
+                    const uint8x16_t v = vld1q_u8(qs + 32 * c + 16 * half);
+                    uint8x16_t lo = vandq_u8(v, m4), hi = vshrq_n_u8(v, 4);
+                    if (five) {
+                        const uint8x16_t hb = vld1q_u8(blk + 16 + 16 * half), b4 = vdupq_n_u8(16);
+                        lo = vorrq_u8(lo, vandq_u8(vshlq_u8(hb, vdupq_n_s8(4 - 2 * c)), b4));
+                        hi = vorrq_u8(hi, vandq_u8(vshlq_u8(hb, vdupq_n_s8(3 - 2 * c)), b4));
+                    }
+                    q[4 * c + half] = vreinterpretq_s8_u8(lo);
+                    q[4 * c + 2 + half] = vreinterpretq_s8_u8(hi);
+                }
+        }
+        for (int64_t r = 0; r < R; r++) {
+            const act_view xv = act_at(x + r * xstride, k, F_SUPER);
+            const int8_t *xq = xv.q + 256 * b;
+            const int16_t *xs = xv.s + 16 * b;
+            int32x4_t s = vdupq_n_s32(0);
+            int32_t m = 0;
+            for (int g = 0; g < 16; g++) {
+                s = vmlaq_n_s32(s, dot16(vdupq_n_s32(0), q[g], vld1q_s8(xq + 16 * g)), scale[g]);
+                m += mins[g] * xs[g];
+            }
+            acc[r] += super_term(type, d, dmin, xv.d[b], vaddvq_s32(s), m);
+        }
+    }
+    for (int64_t r = 0; r < R; r++)
+        y[r * ystride] = acc[r];
+}
+
+INLINE float32x4_t float4_neon(const int type, const uint8_t *w, int64_t at)
+{
+    if (type == T_F32)
+        return vld1q_f32((const float *)(const void *)w + at);
+    const uint16x4_t h = vld1_u16((const uint16_t *)(const void *)(w + 2 * at));
+    if (type == T_F16)
+        return vcvt_f32_f16(vreinterpret_f16_u16(h));
+    return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
+}
+
+INLINE void float_pair_neon(const int type, const int R2, const uint8_t *w, int64_t k,
+                            const float *x, int64_t xstride, float *y, int64_t ystride)
+{
+    float32x4_t acc[2][8];
+    for (int r = 0; r < R2; r++)
+        for (int c = 0; c < 8; c++)
+            acc[r][c] = vdupq_n_f32(0.0f);
+    const int64_t whole = k - k % 32;
+    for (int64_t i = 0; i < whole; i += 32) {
+        float32x4_t v[8];
+        for (int c = 0; c < 8; c++)
+            v[c] = float4_neon(type, w, i + 4 * c);
+        for (int r = 0; r < R2; r++)
+            for (int c = 0; c < 8; c++)
+                acc[r][c] =
+                    vaddq_f32(acc[r][c], vmulq_f32(v[c], vld1q_f32(x + r * xstride + i + 4 * c)));
+    }
+    if (whole < k) {
+        float wt[32] = {0}, xt[2][32] = {{0}};
+        for (int64_t i = whole; i < k; i++) {
+            wt[i - whole] = float_weight(type, w, i);
+            for (int r = 0; r < R2; r++)
+                xt[r][i - whole] = x[r * xstride + i];
+        }
+        for (int r = 0; r < R2; r++)
+            for (int c = 0; c < 8; c++)
+                acc[r][c] = vaddq_f32(acc[r][c],
+                                      vmulq_f32(vld1q_f32(wt + 4 * c), vld1q_f32(xt[r] + 4 * c)));
+    }
+    for (int r = 0; r < R2; r++) {
+        float lane[32];
+        for (int c = 0; c < 8; c++)
+            vst1q_f32(lane + 4 * c, acc[r][c]);
+        y[r * ystride] = pairwise(lane, 32);
+    }
+}
+
+INLINE void float_rows_neon(const int type, const uint8_t *w, int64_t k, const uint8_t *x,
+                            int64_t xstride, int64_t R, float *y, int64_t ystride)
+{
+    const float *xf = (const float *)(const void *)x;
+    const int64_t fs = xstride / 4;
+    int64_t r = 0;
+    for (; r + 2 <= R; r += 2)
+        float_pair_neon(type, 2, w, k, xf + r * fs, fs, y + r * ystride, ystride);
+    if (r < R)
+        float_pair_neon(type, 1, w, k, xf + r * fs, fs, y + r * ystride, ystride);
+}
+
+#define SIMD_PATH 1
+#define SMALL_ROWS small_rows_neon
+#define SUPER_ROWS super_rows_neon
+#define FLOAT_ROWS float_rows_neon
+#endif /* GK_NEON */
+
+/* ---- dispatch and the parallel loops ----------------------------------------------------- */
+
+/* One output (weight row w) of R <= RT activation rows, on this build's path. */
+static void out_rows(int type, const uint8_t *w, int64_t k, const uint8_t *x, int64_t xstride,
+                     int64_t R, float *y, int64_t ystride)
+{
+#if defined(SIMD_PATH)
+    switch (type) {
+#define CASE(t, fn)                                                                             \
+    case t:                                                                                    \
+        fn(t, w, k, x, xstride, R, y, ystride);                                                \
+        return;
+        CASE(T_Q4_0, SMALL_ROWS)
+        CASE(T_Q4_1, SMALL_ROWS)
+        CASE(T_Q5_0, SMALL_ROWS)
+        CASE(T_Q5_1, SMALL_ROWS)
+        CASE(T_Q8_0, SMALL_ROWS)
+        CASE(T_Q4_K, SUPER_ROWS)
+        CASE(T_Q5_K, SUPER_ROWS)
+        CASE(T_Q6_K, SUPER_ROWS)
+        CASE(T_F32, FLOAT_ROWS)
+        CASE(T_F16, FLOAT_ROWS)
+        CASE(T_BF16, FLOAT_ROWS)
+#undef CASE
+    default:
+        break;
+    }
+#endif
+    ref_rows(type, w, k, x, xstride, R, y, ystride);
+}
+
+/* Outputs a chunk takes: about 64 KiB of weights, so a prefill's tiles of rows find them
+ * in cache, and at least 4 outputs. */
+static int64_t chunk_outputs(int64_t row_bytes, int64_t n)
+{
+    int64_t c = row_bytes > 0 ? (64 << 10) / row_bytes : n;
+    c = c < 4 ? 4 : c;
+    return c < n ? c : n;
+}
+
+/* The product's work-shared loop (an orphaned `omp for`: inside a parallel region the
+ * threads split the chunks of outputs, outside it one thread does them all). Within a chunk
+ * each tile of up to RT rows passes over the chunk's outputs, every block decoded once per
+ * tile. */
+static void matmul_for(int type, const uint8_t *w, int64_t n, int64_t k, const uint8_t *xq,
+                       int64_t rows, float *y)
+{
+    const int64_t rb = gk_row_bytes(type, k), ab = gk_act_bytes(type, k);
+    const int64_t oc = chunk_outputs(rb, n), chunks = (n + oc - 1) / oc;
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t o0 = c * oc, o1 = o0 + oc < n ? o0 + oc : n;
+        for (int64_t r0 = 0; r0 < rows; r0 += RT) {
+            const int64_t R = rows - r0 < RT ? rows - r0 : RT;
+            for (int64_t o = o0; o < o1; o++)
+                out_rows(type, w + o * rb, k, xq + r0 * ab, ab, R, y + r0 * n + o, n);
+        }
+    }
+}
+
+static void quantize_for(int type, const float *x, int64_t rows, int64_t k, uint8_t *out)
+{
+    const int64_t ab = gk_act_bytes(type, k);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        quantize_row(type, x + r * k, k, out + r * ab);
+}
+
+/* Whether a call has work enough to wake the other threads. */
+static int parallel_worth(int64_t n, int64_t k, int64_t rows) { return n * k * rows >= (1 << 16); }
+
+static int valid(int type, int64_t n, int64_t k, int64_t rows)
+{
+    return gk_row_bytes(type, k) >= 0 && n >= 0 && rows >= 0 && k > 0;
+}
+
+/* ---- exports ----------------------------------------------------------------------------- */
+
+/* The path this build takes (the products' bits are the same on every path). */
+const char *gk_path(void)
+{
+#if defined(GK_AVX2) && defined(GK_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return "AVX-512 VNNI";
+#elif defined(GK_AVX2) && defined(GK_VNNI)
+    return "AVX-VNNI";
+#elif defined(GK_AVX2)
+    return "AVX2";
+#elif defined(GK_NEON) && defined(__ARM_FEATURE_DOTPROD)
+    return "NEON dotprod";
+#elif defined(GK_NEON)
+    return "NEON";
+#else
+    return "portable C";
+#endif
+}
+
+/* Quantize rows of k float32 values into activation rows of gk_act_bytes each. */
+void gk_quantize_act(int type, const float *x, int64_t rows, int64_t k, void *out)
+{
+    if (!valid(type, 1, k, rows))
+        return;
+#pragma omp parallel if (rows > 1 && parallel_worth(1, k, rows))
+    quantize_for(type, x, rows, k, out);
+}
+
+/* The float32 values activation rows stand for: code * scale (the float rows themselves for
+ * float types). */
+void gk_dequantize_act(int type, const void *xq, int64_t rows, int64_t k, float *out)
+{
+    if (!valid(type, 1, k, rows))
+        return;
+    const type_info t = info(type);
+    const int64_t ab = gk_act_bytes(type, k);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)xq + r * ab;
+        if (t.family == F_FLOAT) {
+            memcpy(out + r * k, row, sizeof(float) * k);
+            continue;
+        }
+        const act_view x = act_at(row, k, t.family);
+        for (int64_t i = 0; i < k; i++) {
+            if (t.family == F_SMALL)
+                out[r * k + i] = (float)x.q[code_at(i / 32, i % 32)] * x.d[slot_at(i / 32)];
+            else
+                out[r * k + i] = (float)x.q[i] * x.d[i / 256];
+        }
+    }
+}
+
+/* y[rows, n] = x @ W.T from activation rows xq (gk_quantize_act) and n weight rows w. */
+void gk_matmul(int type, const void *w, int64_t n, int64_t k, const void *xq, int64_t rows,
+               float *y)
+{
+    if (!valid(type, n, k, rows))
+        return;
+#pragma omp parallel if (parallel_worth(n, k, rows))
+    matmul_for(type, w, n, k, xq, rows, y);
+}
+
+/* gk_quantize_act into scratch (rows * gk_act_bytes bytes), then gk_matmul: one parallel
+ * region, one call per layer. Float types read x itself. */
+void gk_linear(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t rows,
+               float *y, void *scratch)
+{
+    if (!valid(type, n, k, rows))
+        return;
+    if (info(type).family == F_FLOAT) {
+#pragma omp parallel if (parallel_worth(n, k, rows))
+        matmul_for(type, w, n, k, (const uint8_t *)x, rows, y);
+        return;
+    }
+#pragma omp parallel if (parallel_worth(n, k, rows))
+    {
+        quantize_for(type, x, rows, k, scratch);
+        matmul_for(type, w, n, k, scratch, rows, y);
+    }
+}
+
+/* The float32 values of rows weight rows (GGUF's dequantization, bit for bit). */
+void gk_dequantize(int type, const void *w, int64_t rows, int64_t k, float *out)
+{
+    if (!valid(type, 1, k, rows))
+        return;
+    const int64_t rb = gk_row_bytes(type, k);
+#pragma omp parallel for schedule(static) if (parallel_worth(1, k, rows))
+    for (int64_t r = 0; r < rows; r++)
+        dequantize_row(type, (const uint8_t *)w + r * rb, k, out + r * k);
+}
+
+/* An embedding lookup: out[i] = the dequantized weight row ids[i]. */
+void gk_get_rows(int type, const void *w, int64_t k, const int64_t *ids, int64_t n, float *out)
+{
+    if (!valid(type, 1, k, n))
+        return;
+    const int64_t rb = gk_row_bytes(type, k);
+#pragma omp parallel for schedule(static) if (parallel_worth(1, k, n))
+    for (int64_t i = 0; i < n; i++)
+        dequantize_row(type, (const uint8_t *)w + ids[i] * rb, k, out + i * k);
+}
