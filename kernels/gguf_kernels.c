@@ -266,7 +266,7 @@ static inline float quantize_block(const float *x, int n, int8_t *q)
     return d;
 }
 
-static void quantize_row(int type, const float *x, int64_t k, uint8_t *out)
+static void quantize_row_ref(int type, const float *x, int64_t k, uint8_t *out)
 {
     const type_info t = info(type);
     if (t.family == F_FLOAT) {
@@ -928,6 +928,86 @@ INLINE void float_rows_avx2_(const int type, const uint8_t *w, int64_t k, const 
         float_pair_avx2(type, 1, w, k, xf + r * fs, fs, y + r * ystride, ystride);
 }
 
+/* ---- activation quantization with AVX2: the portable code's operations, 8 at a time ---- */
+
+/* The codes of 32 values (scale d = max|x| / 127, as quantize_block) into lo (values 0..15)
+ * and hi (16..31); returns d, their sum in *sum. amax is the block's max |x| when given
+ * (K types: over 256 values), else taken here. */
+INLINE float quantize32_avx2(const float *x, float amax, int have_amax, int8_t *lo, int8_t *hi,
+                             __m256i *sum)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4];
+    for (int c = 0; c < 4; c++)
+        v[c] = _mm256_loadu_ps(x + 8 * c);
+    if (!have_amax) {
+        const __m256 m = _mm256_max_ps(
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        amax = _mm_cvtss_f32(h);
+    }
+    const float d = amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i q[4];
+    for (int c = 0; c < 4; c++)
+        q[c] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[c], id),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    *sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    /* packs interleave 128-bit lanes; the permute puts the 4-value runs back in order */
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                         _mm256_packs_epi32(q[2], q[3]));
+    const __m256i codes = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm_storeu_si128((__m128i *)lo, _mm256_castsi256_si128(codes));
+    _mm_storeu_si128((__m128i *)hi, _mm256_extracti128_si256(codes, 1));
+    return d;
+}
+
+static void quantize_row_avx2(int type, const float *x, int64_t k, uint8_t *out)
+{
+    const type_info t = info(type);
+    if (t.family == F_SMALL) {
+        const int64_t groups = (k / 32 + 7) / 8;
+        memset(out, 0, gk_act_bytes(type, k));
+        for (int64_t b = 0; b < k / 32; b++) {
+            __m256i sum;
+            const float d = quantize32_avx2(x + 32 * b, 0.0f, 0, (int8_t *)out + code_at(b, 0),
+                                            (int8_t *)out + code_at(b, 16), &sum);
+            const int16_t s = (int16_t)hsum_i32(sum);
+            memcpy(out + 256 * groups + 4 * slot_at(b), &d, sizeof d);
+            memcpy(out + 288 * groups + 2 * slot_at(b), &s, sizeof s);
+        }
+        return;
+    }
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < k / 256; b++) {
+        const float *xb = x + 256 * b;
+        __m256 m = _mm256_setzero_ps();
+        for (int c = 0; c < 32; c++)
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 8 * c)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        int8_t *q = (int8_t *)out + 256 * b;
+        float d = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            __m256i sum;
+            d = quantize32_avx2(xb + 32 * j, amax, 1, q + 32 * j, q + 32 * j + 16, &sum);
+        }
+        memcpy(out + k + 4 * b, &d, sizeof d);
+        for (int g = 0; g < 16; g++) { /* the sums of 16 codes, from the codes themselves */
+            const __m256i v = _mm256_cvtepi8_epi16(mm_load128(q + 16 * g));
+            const int16_t s = (int16_t)hsum_i32(_mm256_madd_epi16(v, _mm256_set1_epi16(1)));
+            memcpy(out + k + 4 * (k / 256) + 2 * (16 * b + g), &s, sizeof s);
+        }
+    }
+    const int64_t used = k + 4 * (k / 256) + 2 * (k / 16);
+    memset(out + used, 0, gk_act_bytes(type, k) - used);
+}
+
 /* One row (a decode step's usual call) compiled apart, R a constant there. */
 #define ONE_ROW_APART(fn)                                                                       \
     INLINE void fn(const int type, const uint8_t *w, int64_t k, const uint8_t *x,               \
@@ -943,6 +1023,7 @@ ONE_ROW_APART(super_rows_avx2)
 ONE_ROW_APART(float_rows_avx2)
 
 #define SIMD_PATH 1
+#define QUANTIZE_ROW quantize_row_avx2
 #define SMALL_ROWS small_rows_avx2
 #define SUPER_ROWS super_rows_avx2
 #define FLOAT_ROWS float_rows_avx2
@@ -1197,7 +1278,79 @@ INLINE void float_rows_neon(const int type, const uint8_t *w, int64_t k, const u
         float_pair_neon(type, 1, w, k, xf + r * fs, fs, y + r * ystride, ystride);
 }
 
+/* ---- activation quantization with NEON: the portable code's operations, 4 at a time ---- */
+
+/* The codes of 32 values into lo (values 0..15) and hi (16..31), as quantize32_avx2. */
+INLINE float quantize32_neon(const float *x, float amax, int have_amax, int8_t *lo, int8_t *hi,
+                             int32_t *sum)
+{
+    float32x4_t v[8];
+    for (int c = 0; c < 8; c++)
+        v[c] = vld1q_f32(x + 4 * c);
+    if (!have_amax) {
+        float32x4_t m = vabsq_f32(v[0]);
+        for (int c = 1; c < 8; c++)
+            m = vmaxq_f32(m, vabsq_f32(v[c]));
+        amax = vmaxvq_f32(m);
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32x4_t q[8];
+    for (int c = 0; c < 8; c++)
+        q[c] = vcvtnq_s32_f32(vmulq_n_f32(v[c], id));
+    int32x4_t s = q[0];
+    for (int c = 1; c < 8; c++)
+        s = vaddq_s32(s, q[c]);
+    *sum = vaddvq_s32(s);
+    for (int half = 0; half < 2; half++) {
+        const int32x4_t *h = q + 4 * half;
+        const int16x8_t a = vcombine_s16(vqmovn_s32(h[0]), vqmovn_s32(h[1]));
+        const int16x8_t b = vcombine_s16(vqmovn_s32(h[2]), vqmovn_s32(h[3]));
+        vst1q_s8(half ? hi : lo, vcombine_s8(vqmovn_s16(a), vqmovn_s16(b)));
+    }
+    return d;
+}
+
+static void quantize_row_neon(int type, const float *x, int64_t k, uint8_t *out)
+{
+    const type_info t = info(type);
+    if (t.family == F_SMALL) {
+        const int64_t groups = (k / 32 + 7) / 8;
+        memset(out, 0, gk_act_bytes(type, k));
+        for (int64_t b = 0; b < k / 32; b++) {
+            int32_t sum;
+            const float d = quantize32_neon(x + 32 * b, 0.0f, 0, (int8_t *)out + code_at(b, 0),
+                                            (int8_t *)out + code_at(b, 16), &sum);
+            const int16_t s = (int16_t)sum;
+            memcpy(out + 256 * groups + 4 * slot_at(b), &d, sizeof d);
+            memcpy(out + 288 * groups + 2 * slot_at(b), &s, sizeof s);
+        }
+        return;
+    }
+    for (int64_t b = 0; b < k / 256; b++) {
+        const float *xb = x + 256 * b;
+        float32x4_t m = vdupq_n_f32(0.0f);
+        for (int c = 0; c < 64; c++)
+            m = vmaxq_f32(m, vabsq_f32(vld1q_f32(xb + 4 * c)));
+        const float amax = vmaxvq_f32(m);
+        int8_t *q = (int8_t *)out + 256 * b;
+        float d = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            int32_t sum;
+            d = quantize32_neon(xb + 32 * j, amax, 1, q + 32 * j, q + 32 * j + 16, &sum);
+        }
+        memcpy(out + k + 4 * b, &d, sizeof d);
+        for (int g = 0; g < 16; g++) {
+            const int16_t s = (int16_t)vaddlvq_s8(vld1q_s8(q + 16 * g));
+            memcpy(out + k + 4 * (k / 256) + 2 * (16 * b + g), &s, sizeof s);
+        }
+    }
+    const int64_t used = k + 4 * (k / 256) + 2 * (k / 16);
+    memset(out + used, 0, gk_act_bytes(type, k) - used);
+}
+
 #define SIMD_PATH 1
+#define QUANTIZE_ROW quantize_row_neon
 #define SMALL_ROWS small_rows_neon
 #define SUPER_ROWS super_rows_neon
 #define FLOAT_ROWS float_rows_neon
@@ -1261,6 +1414,18 @@ static void matmul_for(int type, const uint8_t *w, int64_t n, int64_t k, const u
                 out_rows(type, w + o * rb, k, xq + r0 * ab, ab, R, y + r0 * n + o, n);
         }
     }
+}
+
+/* One activation row on this build's path (the same bytes on every path). */
+static void quantize_row(int type, const float *x, int64_t k, uint8_t *out)
+{
+#if defined(QUANTIZE_ROW)
+    if (info(type).family != F_FLOAT) {
+        QUANTIZE_ROW(type, x, k, out);
+        return;
+    }
+#endif
+    quantize_row_ref(type, x, k, out);
 }
 
 static void quantize_for(int type, const float *x, int64_t rows, int64_t k, uint8_t *out)

@@ -218,23 +218,31 @@ static void check_product(int type, int64_t n, int64_t k, int extreme)
     free(one);
 }
 
-/* Activation codes within a half step of the inputs, sums and padding as documented. */
+/* Activation rows: this path's bytes equal the portable code's; codes within a half step
+ * of the inputs; sums exact. Row 2 holds ties (x / d = n + 0.5 exactly: each block's
+ * largest value 127, so d = 1), which round to even. */
 static void check_activations(int type, int64_t k)
 {
-    const int64_t ab = gk_act_bytes(type, k);
+    const int64_t ab = gk_act_bytes(type, k), rows = 3;
     const type_info t = info(type);
-    float *x = malloc(sizeof(float) * 2 * k), *back = malloc(sizeof(float) * 2 * k);
-    uint8_t *xq = malloc(2 * ab);
+    float *x = malloc(sizeof(float) * rows * k), *back = malloc(sizeof(float) * rows * k);
+    uint8_t *xq = malloc(rows * ab), *ref = malloc(rows * ab);
     random_inputs(x, 2, k);
-    gk_quantize_act(type, x, 2, k, xq);
-    gk_dequantize_act(type, xq, 2, k, back);
-    int ok = 1;
-    for (int64_t r = 0; r < 2; r++) {
+    for (int64_t i = 0; i < k; i++)
+        x[2 * k + i] = i % t.block == 0 ? 127.0f : (float)(i % 61) - 30.5f;
+    gk_quantize_act(type, x, rows, k, xq);
+    for (int64_t r = 0; r < rows; r++)
+        quantize_row_ref(type, x + r * k, k, ref + r * ab);
+    int same = memcmp(xq, ref, rows * ab) == 0, ok = 1;
+    gk_dequantize_act(type, xq, rows, k, back);
+    for (int64_t r = 0; r < rows; r++) {
         const act_view v = act_at(xq + r * ab, k, t.family);
         const int small = t.family == F_SMALL, span = small ? 32 : 16;
         for (int64_t i = 0; i < k; i++) {
             const float d = small ? v.d[slot_at(i / 32)] : v.d[i / 256];
             ok &= fabsf(back[r * k + i] - x[r * k + i]) <= 0.5001f * d;
+            if (r == 2 && i % t.block)
+                ok &= fmodf(back[r * k + i], 2.0f) == 0.0f; /* ties to even */
         }
         for (int64_t b = 0; b < k / span; b++) {
             int sum = 0;
@@ -243,13 +251,14 @@ static void check_activations(int type, int64_t k)
             ok &= sum == v.s[small ? slot_at(b) : b];
         }
     }
-    char what[96];
-    snprintf(what, sizeof what, "%-4s k=%-5lld activation codes within d/2, sums exact",
-             type_name(type), (long long)k);
-    report(ok, what);
+    char what[128];
+    snprintf(what, sizeof what, "%-4s k=%-5lld activations: %s bytes=portable%s, codes within d/2, sums exact",
+             type_name(type), (long long)k, gk_path(), same ? "" : " -- DIFFER");
+    report(ok && same, what);
     free(x);
     free(back);
     free(xq);
+    free(ref);
 }
 
 int main(void)
@@ -267,6 +276,7 @@ int main(void)
                 check_product(small[i], outs[b], small_k[a], 0);
         check_product(small[i], 5, 288, 1);
         check_activations(small[i], 2080);
+        check_activations(small[i], 96);
     }
     for (size_t i = 0; i < 3; i++) {
         for (size_t a = 0; a < 3; a++)
@@ -274,6 +284,7 @@ int main(void)
                 check_product(super[i], outs[b], super_k[a], 0);
         check_product(super[i], 5, 512, 1);
         check_activations(super[i], 2816);
+        check_activations(super[i], 256);
     }
     for (size_t i = 0; i < 3; i++)
         for (size_t a = 0; a < 5; a++)
