@@ -82,7 +82,8 @@ enum {
 /* How a type's products are formed. */
 enum { F_NONE, F_FLOAT, F_SMALL /* 32-value blocks */, F_SUPER /* 256-value blocks */ };
 
-#define RT 8 /* input rows a tile takes: each weight block is decoded once for them */
+#define RT 8 /* input rows a tile takes: each weight block is decoded once for them (the
+              * AVX2 K kernels keep a tile's rows in the 8 lanes of one register) */
 #define LANES_SMALL 8
 #define LANES_FLOAT 32
 
@@ -754,12 +755,12 @@ INLINE __m256i scales_mins_k4(const uint8_t *p)
     return _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi));
 }
 
-/* The integer sums S and M of one row against a decoded K block, as super_term takes them:
- * 32-value group j's codes q[j] times the row's inputs, times scales scv[j]; M from the
- * row's 16 sums. */
-INLINE void super_sums_avx2(const int type, const __m256i q[8], const __m256i scv[8],
-                            __m256i mins, const int8_t *xq, const int16_t *xs, int32_t *S,
-                            int32_t *M)
+/* One row's unreduced sums against a decoded K block: s (8 lanes of S: 32-value group j's
+ * codes q[j] times the row's inputs, times its scales scv[j]) and m (4 lanes of M, from the
+ * row's 16 sums; Q6_K's is folded into s as S - 32 M, its m left 0). */
+INLINE void super_lanes_avx2(const int type, const __m256i q[8], const __m256i scv[8],
+                             __m256i mins, const int8_t *xq, const int16_t *xs, __m256i *s_out,
+                             __m128i *m_out)
 {
     __m256i s = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++)
@@ -767,20 +768,33 @@ INLINE void super_sums_avx2(const int type, const __m256i q[8], const __m256i sc
             s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], mm_load(xq + 32 * j)), scv[j]));
     const __m256i sums = mm_load(xs);
     if (type == T_Q6_K) { /* S - 32 M in one: super_term takes M = 0 */
-        s = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(mins, sums), 5));
-        *S = hsum_i32(s);
-        *M = 0;
+        *s_out = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(mins, sums), 5));
+        *m_out = _mm_setzero_si128();
         return;
     }
     /* sums of 32 values: pairs of the 16 sums (at most 2 * 16 * 127) */
     const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(sums),
                                          _mm256_extracti128_si256(sums, 1));
-    const __m128i m = _mm_madd_epi16(_mm256_extracti128_si256(mins, 1), pairs);
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    t = _mm_hadd_epi32(t, m);
-    t = _mm_hadd_epi32(t, t); /* S, M, S, M */
-    *S = _mm_cvtsi128_si32(t);
-    *M = _mm_extract_epi32(t, 1);
+    *s_out = s;
+    *m_out = _mm_madd_epi16(_mm256_extracti128_si256(mins, 1), pairs);
+}
+
+/* Lane r = the sum of p[r]'s 8 lanes. */
+INLINE __m256i reduce8(const __m256i p[8])
+{
+    const __m256i a = _mm256_hadd_epi32(p[0], p[1]), b = _mm256_hadd_epi32(p[2], p[3]);
+    const __m256i c = _mm256_hadd_epi32(p[4], p[5]), d = _mm256_hadd_epi32(p[6], p[7]);
+    const __m256i e = _mm256_hadd_epi32(a, b), f = _mm256_hadd_epi32(c, d);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20),
+                            _mm256_permute2x128_si256(e, f, 0x31));
+}
+
+/* Lane r = the sum of m[r]'s 4 lanes. */
+INLINE __m256i reduce8x4(const __m128i m[8])
+{
+    const __m256i a = _mm256_hadd_epi32(pair128(m[0], m[4]), pair128(m[1], m[5]));
+    const __m256i b = _mm256_hadd_epi32(pair128(m[2], m[6]), pair128(m[3], m[7]));
+    return _mm256_hadd_epi32(a, b);
 }
 
 INLINE void super_rows_avx2_(const int type, const uint8_t *w, int64_t k, const uint8_t *x,
@@ -788,9 +802,8 @@ INLINE void super_rows_avx2_(const int type, const uint8_t *w, int64_t k, const 
 {
     const int bytes = info(type).bytes;
     const __m256i m4 = _mm256_set1_epi8(15);
-    float acc[RT];
-    for (int64_t r = 0; r < R; r++)
-        acc[r] = 0.0f;
+    float acc[1] = {0.0f};
+    __m256 acc8 = _mm256_setzero_ps();
     for (int64_t b = 0; b < k / 256; b++) {
         const uint8_t *blk = w + b * bytes;
         __m256i q[8], scv[8], mins;
@@ -853,15 +866,49 @@ INLINE void super_rows_avx2_(const int type, const uint8_t *w, int64_t k, const 
                 q[7] = _mm256_or_si256(q[7], _mm256_and_si256(_mm256_srli_epi16(hb, 3), bit4));
             }
         }
-        for (int64_t r = 0; r < R; r++) {
-            const act_view xv = act_at(x + r * xstride, k, F_SUPER);
-            int32_t S, M;
-            super_sums_avx2(type, q, scv, mins, xv.q + 256 * b, xv.s + 16 * b, &S, &M);
-            acc[r] += super_term(type, d, dmin, xv.d[b], S, M);
+        if (R == 1) { /* a decode step: one row, its sums reduced on their own */
+            const act_view xv = act_at(x, k, F_SUPER);
+            __m256i sv;
+            __m128i mv;
+            super_lanes_avx2(type, q, scv, mins, xv.q + 256 * b, xv.s + 16 * b, &sv, &mv);
+            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sv), _mm256_extracti128_si256(sv, 1));
+            t = _mm_hadd_epi32(t, mv);
+            t = _mm_hadd_epi32(t, t); /* S, M, S, M */
+            acc[0] += super_term(type, d, dmin, xv.d[b], _mm_cvtsi128_si32(t),
+                                 _mm_extract_epi32(t, 1));
+            continue;
         }
+        /* More rows: their sums reduced and combined 8 rows at once, row r in lane r (the
+         * same float operations as super_term, lane by lane) */
+        __m256i sv[8];
+        __m128i mv[8];
+        float dx[8] = {0};
+        for (int64_t r = 0; r < 8; r++) {
+            if (r >= R) {
+                sv[r] = _mm256_setzero_si256();
+                mv[r] = _mm_setzero_si128();
+                continue;
+            }
+            const act_view xv = act_at(x + r * xstride, k, F_SUPER);
+            super_lanes_avx2(type, q, scv, mins, xv.q + 256 * b, xv.s + 16 * b, sv + r, mv + r);
+            dx[r] = xv.d[b];
+        }
+        const __m256 dx8 = _mm256_loadu_ps(dx);
+        __m256 term = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx8),
+                                    _mm256_cvtepi32_ps(reduce8(sv)));
+        if (type != T_Q6_K)
+            term = _mm256_sub_ps(term, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx8),
+                                                     _mm256_cvtepi32_ps(reduce8x4(mv))));
+        acc8 = _mm256_add_ps(acc8, term);
     }
+    if (R == 1) {
+        y[0] = acc[0];
+        return;
+    }
+    float lane[8];
+    _mm256_storeu_ps(lane, acc8);
     for (int64_t r = 0; r < R; r++)
-        y[r * ystride] = acc[r];
+        y[r * ystride] = lane[r];
 }
 
 /* 32 float weights from w (type F32, F16 or BF16) at value i in 4 registers. */
