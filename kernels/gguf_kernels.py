@@ -140,7 +140,8 @@ class Matrix:
         self.n = n
         self.k = k
         self._at = data.data_ptr()
-        self._act_bytes = act_bytes(type_id, k)
+        # Float weights multiply x itself: no prepared activations, no scratch.
+        self._act_bytes = 0 if _BLOCKS[type_id][0] == 1 else act_bytes(type_id, k)
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` for float32 ``x [rows, k]``: a new float32 ``[rows, n]`` tensor."""
