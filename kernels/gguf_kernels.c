@@ -17,10 +17,11 @@
  *
  * Activations are quantized per block to 8 bits, as llama.cpp does, in this kernel's own
  * format (one "activation row" of gk_act_bytes bytes per input row):
- *   32-value types: k int8 codes, then one float scale and one int16 sum of codes a block;
+ *   32-value types: per group of 8 blocks, 256 int8 codes (two blocks' halves interleaved,
+ *                   see code_at), 8 float scales and 8 int16 sums of codes (slot order);
  *   K types:        k int8 codes, one float scale per 256 values, one int16 sum per 16;
  *   float types:    the float32 row itself.
- * A code is rint(x / d) with d = max|x| / 127 over its block.
+ * A code is rint(x / d) (to nearest, ties to even) with d = max|x| / 127 over its block.
  *
  * Each block's dot product is an exact integer (codes times codes, with the scales of the
  * K types and the offsets 8, 16, 32 folded in as integers); the SIMD paths (AVX2's
@@ -34,10 +35,12 @@
  *   float types:    w_i * x_i added to lane i % 32, then a pairwise sum of the 32 lanes.
  * So every path gives the same bits as the reference, and a (row, output) value does not
  * depend on the other rows of a call, the thread count or the tile it falls in (batch
- * invariance). Only dequantization differs from nothing: it is GGUF's own float expression.
+ * invariance). Dequantization (gk_dequantize, gk_get_rows) is GGUF's own float expression,
+ * value for value.
  *
  * Paths, chosen when the library is built (-march=native): AVX2 with F16C (vectors of 256
- * bits; the integer dots by dpbusd where AVX-512 VNNI or AVX-VNNI is there), NEON on
+ * bits, also on AVX-512 CPUs; the 32-value types' integer dots by dpbusd where AVX-512 VNNI
+ * or AVX-VNNI is there), NEON on
  * aarch64 (sdot where the dotprod extension is there), and portable C everywhere else.
  * The same source builds on every path; gguf_kernels_test.c checks each against the
  * portable reference.
