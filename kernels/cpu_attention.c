@@ -1,5 +1,9 @@
-/* Decode attention over the paged KV pool on the CPU, float32 (built by cpu_attention.py).
+/* Decode attention over the paged KV pool on the CPU (built by cpu_attention.py).
  *
+ * Queries and outputs are float32; the pool holds float32, float16 or bfloat16 keys and
+ * values, converted to float32 as they are loaded (F16C or AVX-512 on x86, NEON on ARM,
+ * plain C elsewhere; bfloat16 is a shift), and every sum is a float32 one. A 16-bit pool
+ * halves the bytes a long context reads, which is what decode attention waits on.
  * Each decoding sequence has one query row of `heads` heads; its keys and values stay in
  * their pool blocks [block, slot, kv_head, dim] and are read in place, block by block, with
  * no gathered copy (what the torch path spends most of a long context's time on). A
@@ -13,6 +17,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__) || (defined(__ARM_NEON) && defined(__ARM_FP) && (__ARM_FP & 2))
+#include <arm_neon.h>
+#define NEON_HALF 1
+#endif
 
 /* The 16-float vectors pass only between static inline functions, so gcc's note that their
  * ABI differs without AVX-512 concerns no caller. */
@@ -28,6 +40,13 @@
 /* 16 floats: gcc and clang map it onto one AVX-512 register, two AVX2 ones, or four NEON. */
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t i16v __attribute__((vector_size(64)));
+/* 16 halves (float16 or bfloat16 bits), and the same widened to 32 bits. */
+typedef uint16_t h16v __attribute__((vector_size(32)));
+typedef uint32_t u16v __attribute__((vector_size(64)));
+
+/* What the pool holds (cpu_attention.py passes it): one kernel per kind, each converting
+ * as it loads. */
+enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1, KV_BFLOAT16 = 2 };
 
 /* 16 floats from p, aligned or not. */
 static inline v16 load16(const float *p)
@@ -35,6 +54,75 @@ static inline v16 load16(const float *p)
     v16 v;
     memcpy(&v, p, sizeof v);
     return v;
+}
+
+/* One IEEE half as a float, exactly (every half is a float); for CPUs without conversions. */
+static inline float half_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    uint32_t bits;
+    if (exponent == 0x1f) /* infinity, or NaN made quiet as the hardware conversions do */
+        bits = sign | 0x7f800000u | (mantissa << 13) | (mantissa ? 0x400000u : 0u);
+    else if (exponent != 0) /* normal: rebias 15 -> 127 */
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    else { /* zero or subnormal: mantissa * 2^-24, exact in a float */
+        const float magnitude = (float)mantissa * 5.9604644775390625e-8f;
+        memcpy(&bits, &magnitude, sizeof bits);
+        bits |= sign;
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* 16 float16 values from p as floats. */
+static inline v16 load16_f16(const uint16_t *p)
+{
+    v16 v;
+#if defined(__AVX512F__)
+    const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    memcpy(&v, &x, sizeof v);
+#elif defined(__F16C__)
+    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+    memcpy(&v, &lo, sizeof lo);
+    memcpy((char *)&v + sizeof lo, &hi, sizeof hi);
+#elif defined(NEON_HALF)
+    for (int j = 0; j < 4; j++) {
+        const float32x4_t x = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * j)));
+        memcpy((char *)&v + sizeof x * j, &x, sizeof x);
+    }
+#else
+    float lanes[16];
+    for (int j = 0; j < 16; j++)
+        lanes[j] = half_to_float(p[j]);
+    memcpy(&v, lanes, sizeof v);
+#endif
+    return v;
+}
+
+/* 16 bfloat16 values from p as floats: a bfloat16 is a float's top 16 bits. */
+static inline v16 load16_bf16(const uint16_t *p)
+{
+    h16v h;
+    memcpy(&h, p, sizeof h);
+    const u16v bits = __builtin_convertvector(h, u16v) << 16;
+    v16 v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* 16 values of a pool of this kind from element `at` of base, as floats. kind is a
+ * constant where it is inlined, so only one branch is left. */
+static inline __attribute__((always_inline)) v16 load16_kv(const void *base, int64_t at,
+                                                           const int kind)
+{
+    if (kind == KV_FLOAT16)
+        return load16_f16((const uint16_t *)base + at);
+    if (kind == KV_BFLOAT16)
+        return load16_bf16((const uint16_t *)base + at);
+    return load16((const float *)base + at);
 }
 
 /* The sum of the 16 lanes, in lane order. */
@@ -85,12 +173,14 @@ static inline v16 exp16(v16 x)
 }
 
 /* Attend the group of query heads of kv head h over keys [begin, end) of one sequence;
- * partial[g] = (max, sum, acc[DIM]) for each query head g of the group. DIM is a constant
- * at each call, so the loops over it unroll into registers. */
+ * partial[g] = (max, sum, acc[DIM]) for each query head g of the group. DIM and the pool's
+ * kind are constants at each call, so the loops over DIM unroll into registers and each
+ * load converts the one way the pool needs. */
 static inline __attribute__((always_inline)) void
-attend_span_v(const float *q, const float *kc, const float *vc, const int32_t *table,
-              int64_t begin, int64_t end, int64_t h, int64_t group, int64_t kv_heads,
-              const int64_t DIM, int64_t block_size, float scale, float softcap, float *partial)
+attend_span_v(const float *q, const void *kc, const void *vc, const int kind,
+              const int32_t *table, int64_t begin, int64_t end, int64_t h, int64_t group,
+              int64_t kv_heads, const int64_t DIM, int64_t block_size, float scale,
+              float softcap, float *partial)
 {
     const int64_t stride = DIM + 2, parts = DIM / 16, token_stride = kv_heads * DIM;
     for (int64_t g = 0; g < group; g++) {
@@ -110,8 +200,8 @@ attend_span_v(const float *q, const float *kc, const float *vc, const int32_t *t
                 count = end - at;
             if (count > 16)
                 count = 16;
-            const float *keys = kc + ((block * block_size + slot0) * kv_heads + h) * DIM;
-            const float *values = vc + ((block * block_size + slot0) * kv_heads + h) * DIM;
+            /* The first key's and value's element in the pool (both share the layout). */
+            const int64_t first = ((block * block_size + slot0) * kv_heads + h) * DIM;
             float scores[16];
             for (int64_t t = 0; t < 16; t++) {
                 if (t >= count) {
@@ -120,7 +210,7 @@ attend_span_v(const float *q, const float *kc, const float *vc, const int32_t *t
                 }
                 v16 d = (v16){0};
                 for (int64_t c = 0; c < parts; c++)
-                    d += qv[c] * load16(keys + t * token_stride + 16 * c);
+                    d += qv[c] * load16_kv(kc, first + t * token_stride + 16 * c, kind);
                 float s = hsum16(d) * scale;
                 if (softcap > 0.0f)
                     s = tanhf(s / softcap) * softcap;
@@ -143,7 +233,7 @@ attend_span_v(const float *q, const float *kc, const float *vc, const int32_t *t
             for (int64_t t = 0; t < count; t++) {
                 sum += weights[t];
                 for (int64_t c = 0; c < parts; c++)
-                    acc[c] += weights[t] * load16(values + t * token_stride + 16 * c);
+                    acc[c] += weights[t] * load16_kv(vc, first + t * token_stride + 16 * c, kind);
             }
             at += count;
         }
@@ -156,23 +246,45 @@ attend_span_v(const float *q, const float *kc, const float *vc, const int32_t *t
 }
 
 /* attend_span_v with the head size a constant for the common sizes (64, 128). */
-static void attend_span(const float *q, const float *kc, const float *vc, const int32_t *table,
-                        int64_t begin, int64_t end, int64_t h, int64_t group, int64_t kv_heads,
-                        int64_t dim, int64_t block_size, float scale, float softcap,
-                        float *partial)
+static inline __attribute__((always_inline)) void
+attend_span_kind(const float *q, const void *kc, const void *vc, const int kind,
+                 const int32_t *table, int64_t begin, int64_t end, int64_t h, int64_t group,
+                 int64_t kv_heads, int64_t dim, int64_t block_size, float scale, float softcap,
+                 float *partial)
 {
     switch (dim) {
     case 64:
-        attend_span_v(q, kc, vc, table, begin, end, h, group, kv_heads, 64, block_size, scale,
-                      softcap, partial);
+        attend_span_v(q, kc, vc, kind, table, begin, end, h, group, kv_heads, 64, block_size,
+                      scale, softcap, partial);
         return;
     case 128:
-        attend_span_v(q, kc, vc, table, begin, end, h, group, kv_heads, 128, block_size, scale,
-                      softcap, partial);
+        attend_span_v(q, kc, vc, kind, table, begin, end, h, group, kv_heads, 128, block_size,
+                      scale, softcap, partial);
         return;
     default:
-        attend_span_v(q, kc, vc, table, begin, end, h, group, kv_heads, dim, block_size, scale,
-                      softcap, partial);
+        attend_span_v(q, kc, vc, kind, table, begin, end, h, group, kv_heads, dim, block_size,
+                      scale, softcap, partial);
+    }
+}
+
+/* attend_span_kind with the pool's kind a constant. */
+static void attend_span(const float *q, const void *kc, const void *vc, int kind,
+                        const int32_t *table, int64_t begin, int64_t end, int64_t h,
+                        int64_t group, int64_t kv_heads, int64_t dim, int64_t block_size,
+                        float scale, float softcap, float *partial)
+{
+    switch (kind) {
+    case KV_FLOAT16:
+        attend_span_kind(q, kc, vc, KV_FLOAT16, table, begin, end, h, group, kv_heads, dim,
+                         block_size, scale, softcap, partial);
+        return;
+    case KV_BFLOAT16:
+        attend_span_kind(q, kc, vc, KV_BFLOAT16, table, begin, end, h, group, kv_heads, dim,
+                         block_size, scale, softcap, partial);
+        return;
+    default:
+        attend_span_kind(q, kc, vc, KV_FLOAT32, table, begin, end, h, group, kv_heads, dim,
+                         block_size, scale, softcap, partial);
     }
 }
 
@@ -194,18 +306,21 @@ static int blocks_in_pool(const int32_t *tables, int64_t table_width, const int6
 
 /* out[rows[i], head, :] for each decoding sequence i: its query q[rows[i]] [heads, dim] over
  * keys first[i] .. lens[i] - 1 of the blocks in tables[seqs[i]] (row stride table_width) of
- * a pool of num_blocks blocks. softcap <= 0: none. dim must be a multiple of 16, at most
- * MAX_DIM. Returns 0; -1 when a shape is beyond those limits or memory for the partial sums
- * is short (the caller then takes the torch path); -2, having read nothing, when a block
- * table names a block outside the pool. */
-int paged_decode(const float *q, const float *kc, const float *vc, const int32_t *tables,
-                 int64_t table_width, int64_t num_blocks, const int64_t *seqs,
-                 const int64_t *rows, const int64_t *first, const int64_t *lens, int64_t n,
-                 int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, float scale,
-                 float softcap, float *out)
+ * a pool of num_blocks blocks whose keys kc and values vc are of `kind` (KV_FLOAT32,
+ * KV_FLOAT16, KV_BFLOAT16). softcap <= 0: none. dim must be a multiple of 16, at most
+ * MAX_DIM. Returns 0; -1 when a shape or kind is beyond those limits or memory for the
+ * partial sums is short (the caller then takes the torch path); -2, having read nothing,
+ * when a block table names a block outside the pool. */
+int paged_decode(const float *q, const void *kc, const void *vc, int64_t kind,
+                 const int32_t *tables, int64_t table_width, int64_t num_blocks,
+                 const int64_t *seqs, const int64_t *rows, const int64_t *first,
+                 const int64_t *lens, int64_t n, int64_t heads, int64_t kv_heads, int64_t dim,
+                 int64_t block_size, float scale, float softcap, float *out)
 {
     const int64_t group = heads / kv_heads;
     if (dim % 16 || dim > MAX_DIM || group * kv_heads != heads)
+        return -1;
+    if (kind != KV_FLOAT32 && kind != KV_FLOAT16 && kind != KV_BFLOAT16)
         return -1;
     if (!blocks_in_pool(tables, table_width, seqs, first, lens, n, block_size, num_blocks))
         return -2;
@@ -233,9 +348,9 @@ int paged_decode(const float *q, const float *kc, const float *vc, const int32_t
                 i++;
             const int64_t begin = first[i] + (task - starts[i]) * span;
             const int64_t end = begin + span < lens[i] ? begin + span : lens[i];
-            attend_span(q + rows[i] * heads * dim, kc, vc, tables + seqs[i] * table_width,
-                        begin, end, h, group, kv_heads, dim, block_size, scale, softcap,
-                        partials + (task * heads + h * group) * stride);
+            attend_span(q + rows[i] * heads * dim, kc, vc, (int)kind,
+                        tables + seqs[i] * table_width, begin, end, h, group, kv_heads, dim,
+                        block_size, scale, softcap, partials + (task * heads + h * group) * stride);
         }
 #pragma omp parallel for schedule(static) collapse(2)
     for (int64_t i = 0; i < n; i++)

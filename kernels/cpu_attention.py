@@ -1,10 +1,12 @@
-"""Decode attention over the paged pool in float32 on the CPU (cpu_attention.c).
+"""Decode attention over the paged pool on the CPU: float32 queries (cpu_attention.c).
 
 The torch path copies each decoding sequence's blocks out of the pool before SDPA reads
 them; at a long context that copy is most of a decode step's attention (a summary's 2,000
 tokens, a home's long Assist prompt). The C kernel reads the blocks where they are and
-splits long contexts across the cores. Built like the quantized kernels (native_build.py);
-where it cannot be built, or for other dtypes, the torch path runs.
+splits long contexts across the cores. The pool may hold float32, float16 or bfloat16: a
+16-bit pool is converted as it is read, with float32 sums, and halves the bytes read. Built
+like the quantized kernels (native_build.py); where it cannot be built, or for queries in
+other dtypes, the torch path runs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ SOURCE = Path(__file__).with_name("cpu_attention.c")
 MAX_DIM = 256
 _PTR = ctypes.c_void_p
 _I64 = ctypes.c_int64
+# The pool dtypes the kernel reads, as cpu_attention.c numbers them (KV_FLOAT32 ...).
+KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 def unavailable(build_dir: Path | None = None) -> str | None:
@@ -38,19 +42,23 @@ def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | 
     lib, reason = native_build.load(build_dir, source, "cpu_attention")
     if lib is None:
         return None, reason
-    lib.paged_decode.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR]
+    lib.paged_decode.argtypes = [_PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR]
     lib.paged_decode.argtypes += [_I64] * 5 + [ctypes.c_float, ctypes.c_float, _PTR]
     lib.paged_decode.restype = ctypes.c_int
     return lib, None
 
 
 def takes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
-    """Whether the kernel runs this step's decodes: float32 on the CPU, within its limits."""
+    """Whether the kernel runs this step's decodes: float32 queries on the CPU, within its limits.
+
+    The caches are both float32, both float16 or both bfloat16, and contiguous.
+    """
     if query.device.type != "cpu" or query.dtype != torch.float32:
         return False
-    for cache in (key_cache, value_cache):
-        if cache.dtype != torch.float32 or not cache.is_contiguous():
-            return False
+    if key_cache.dtype not in KINDS or value_cache.dtype != key_cache.dtype:
+        return False
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        return False
     dim = query.shape[-1]
     return dim % 16 == 0 and dim <= MAX_DIM and unavailable() is None
 
@@ -109,6 +117,7 @@ def decode(
         query.data_ptr(),
         key_cache.data_ptr(),
         value_cache.data_ptr(),
+        KINDS[key_cache.dtype],
         plan.tables.data_ptr(),
         plan.tables.shape[1],
         key_cache.shape[0],
@@ -138,4 +147,4 @@ def decode(
 
 
 # One build per process, by the first caller.
-_LIBRARY = native_build.Library("float32 CPU decode attention kernels", load_library)
+_LIBRARY = native_build.Library("CPU decode attention kernels", load_library)

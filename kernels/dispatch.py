@@ -133,12 +133,14 @@ def paged_attention(
     keys less than that many positions back; ``softcap`` caps scaled scores through tanh.
     ``plan_cache``: shared by one step's layers; the torch path plans its decode once.
     """
+    name = resolve_backend(query.device, backend)
+    key_check, value_check = _caches_to_check(query, key_cache, value_cache, name)
     check_attention_args(
-        query, key_cache, value_cache, block_tables, context_lens, query_start_loc, out
+        query, key_check, value_check, block_tables, context_lens, query_start_loc, out
     )
     check_score_args(sliding_window, softcap)
     run: AttentionFn
-    if resolve_backend(query.device, backend) == "triton":
+    if name == "triton":
         _, triton_attention = _triton_modules(query.device)
         run = triton_attention.paged_attention
     else:
@@ -158,6 +160,27 @@ def paged_attention(
         sliding_window=sliding_window,
         softcap=softcap,
     )
+
+
+def _caches_to_check(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caches for check_attention_args, which wants them in the queries' dtype.
+
+    The torch path also reads a 16-bit pool (both caches float16, or both bfloat16) under
+    float32 queries, widening what it reads; such a pair is checked, for shape and device,
+    as zero-byte stand-ins of the queries' dtype. Triton reads only the queries' dtype.
+    """
+    narrow = key_cache.dtype
+    if (
+        backend == "torch"
+        and query.dtype == torch.float32
+        and narrow in (torch.float16, torch.bfloat16)
+        and value_cache.dtype == narrow
+    ):
+        stand_in = torch.empty((), dtype=query.dtype, device=key_cache.device)
+        return stand_in.expand(key_cache.shape), stand_in.expand(value_cache.shape)
+    return key_cache, value_cache
 
 
 def _validated(name: str, source: str) -> str:

@@ -10,6 +10,9 @@ Each prefill chunk is one SDPA call with a causal mask offset by its starting po
 A sliding window (a key is visible while query position - key position < window, as in
 transformers' masks) gathers only the blocks inside the window; soft-capping (Gemma 2:
 cap * tanh(score / cap) before the softmax) replaces SDPA by the same steps written out.
+A pool in a narrower dtype than the queries (a float16 or bfloat16 pool under float32
+queries, on the CPU) is read in place by the C kernel for decodes; the torch path converts
+the blocks it gathers to the queries' dtype, so prefill and the fallback attend in float32.
 """
 
 from __future__ import annotations
@@ -190,10 +193,15 @@ def _attend(
     return torch.matmul(weights.to(values.dtype), values)
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
-    """Copy the listed blocks into [num_seqs, num_kv_heads, tokens, head_dim] (a strided view)."""
+def _gather(
+    cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Copy the listed blocks into [num_seqs, num_kv_heads, tokens, head_dim] (a strided view).
+
+    In ``dtype``: the queries', which a 16-bit pool under float32 queries is widened to.
+    """
     num_kv_heads, head_dim = cache.shape[2:]
-    blocks = cache.index_select(0, block_ids.reshape(-1))
+    blocks = cache.index_select(0, block_ids.reshape(-1)).to(dtype)
     return blocks.view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
 
 
@@ -215,8 +223,8 @@ def _prefill(
     first_block = shape.first_visible(ctx_len - q_len) // block_size
     block_ids = block_tables[seq, first_block : -(-ctx_len // block_size)]
     offset = first_block * block_size
-    keys = _gather(key_cache, block_ids, 1)[:, :, : ctx_len - offset]
-    values = _gather(value_cache, block_ids, 1)[:, :, : ctx_len - offset]
+    keys = _gather(key_cache, block_ids, 1, query.dtype)[:, :, : ctx_len - offset]
+    values = _gather(value_cache, block_ids, 1, query.dtype)[:, :, : ctx_len - offset]
     q = query[chunk].transpose(0, 1).unsqueeze(0)
     if q_len == ctx_len and shape.window is None and shape.softcap is None:
         # The chunk is the whole sequence, so SDPA's top-left causal mask is the right one.
@@ -322,8 +330,8 @@ def _decode(
     num_kv_heads, head_dim = key_cache.shape[2:]
     num_heads = query.shape[1]
     for chunk in plan:
-        keys = _gather(key_cache, chunk.block_ids, chunk.size)
-        values = _gather(value_cache, chunk.block_ids, chunk.size)
+        keys = _gather(key_cache, chunk.block_ids, chunk.size, query.dtype)
+        values = _gather(value_cache, chunk.block_ids, chunk.size, query.dtype)
         # A kv head's query heads become the query rows, so K/V are never repeated.
         rows = query[: chunk.size] if chunk.rows is None else query.index_select(0, chunk.rows)
         q = rows.reshape(chunk.size, num_kv_heads, -1, head_dim)

@@ -1,8 +1,9 @@
-"""Fixtures for the kernel tests: run the CPU attention tests on each decode path."""
+"""Fixtures for the kernel tests: run the CPU attention tests on each decode path and pool."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from paged_llm.kernels import cpu_attention
 
@@ -16,3 +17,13 @@ def decode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     else:
         monkeypatch.setattr(cpu_attention, "takes", lambda *args: False)
     return str(request.param)
+
+
+@pytest.fixture(
+    params=[torch.float32, torch.float16, torch.bfloat16],
+    ids=lambda dtype: str(dtype).removeprefix("torch."),
+)
+def kv_dtype(request: pytest.FixtureRequest) -> torch.dtype:
+    """What the KV pool holds under float32 queries: float32, or 16 bits read widened."""
+    dtype: torch.dtype = request.param
+    return dtype

@@ -1,13 +1,21 @@
-"""The C decode attention kernel against the float64 oracle and the torch path it replaces."""
+"""The C decode attention kernel against the float64 oracle and the torch path it replaces.
+
+Queries are float32; the pool holds float32, float16 or bfloat16 (the ``kv_dtype``
+fixture). A 16-bit pool is held to the float32 bound against the oracle on the pool's own
+values widened: rounding the keys and values to 16 bits is the pool's choice, and the
+kernel must add nothing beyond float32 arithmetic to it.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
-from paged_llm.kernels import cpu_attention, reference
+from paged_llm.kernels import cpu_attention, dispatch, reference
 
-from kernel_cases import TOLERANCE, AttentionConfig, make_step, mixed_seqs, oracle, rel_err
+from kernel_cases import TOLERANCE, AttentionConfig, Step, make_step, mixed_seqs, oracle, rel_err
 
 pytestmark = pytest.mark.skipif(
     cpu_attention.unavailable() is not None,
@@ -26,7 +34,17 @@ CONFIGS = [
 LONG = [(1, 1), (255, 1), (256, 1), (257, 1), (1100, 1), (40, 40), (700, 12), (3, 1)]
 
 
-def _both(step: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+def in_pool(step: Step, kv_dtype: torch.dtype) -> Step:
+    """The step with its pool rounded to ``kv_dtype``; the queries stay float32.
+
+    The oracle then reads the pool's own values, widened to float64.
+    """
+    assert step.query.dtype == torch.float32
+    keys, values = step.key_cache.to(kv_dtype), step.value_cache.to(kv_dtype)
+    return dataclasses.replace(step, key_cache=keys, value_cache=values)
+
+
+def _both(step: Step, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
     """The same step on the C kernel and on the torch path."""
     native = reference.paged_attention(*step.args(), **step.kwargs(), **kwargs)
     with pytest.MonkeyPatch.context() as patch:
@@ -36,23 +54,28 @@ def _both(step: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
-def test_long_and_mixed_steps_match_float64_and_the_torch_path(config: AttentionConfig) -> None:
-    step = config.step([*LONG, *mixed_seqs(config.block_size)], seed=11)
+def test_long_and_mixed_steps_match_float64_and_the_torch_path(
+    config: AttentionConfig, kv_dtype: torch.dtype
+) -> None:
+    step = in_pool(config.step([*LONG, *mixed_seqs(config.block_size)], seed=11), kv_dtype)
+    assert cpu_attention.takes(step.query, step.key_cache, step.value_cache)
     native, torch_path = _both(step, out=step.nan_out())
     assert rel_err(native, oracle(step)) < TOLERANCE[torch.float32]
     assert rel_err(native, torch_path) < 1e-5
 
 
 @pytest.mark.parametrize(("window", "softcap"), [(100, None), (300, 30.0), (None, 5.0)])
-def test_windows_and_caps_match_float64(window: int | None, softcap: float | None) -> None:
-    step = CONFIGS[0].step(LONG, seed=12)
+def test_windows_and_caps_match_float64(
+    window: int | None, softcap: float | None, kv_dtype: torch.dtype
+) -> None:
+    step = in_pool(CONFIGS[0].step(LONG, seed=12), kv_dtype)
     native, torch_path = _both(step, sliding_window=window, softcap=softcap)
     assert rel_err(native, oracle(step, window, softcap)) < TOLERANCE[torch.float32]
     assert rel_err(native, torch_path) < 1e-5
 
 
-def test_a_strided_output_keeps_the_prefill_rows() -> None:
-    step = CONFIGS[0].step(mixed_seqs(16), seed=13)
+def test_a_strided_output_keeps_the_prefill_rows(kv_dtype: torch.dtype) -> None:
+    step = in_pool(CONFIGS[0].step(mixed_seqs(16), seed=13), kv_dtype)
     tokens, heads, dim = step.query.shape
     out = torch.full((heads, tokens, dim), float("nan")).transpose(0, 1)
     result = reference.paged_attention(*step.args(), **step.kwargs(), out=out)
@@ -64,6 +87,13 @@ def test_the_kernel_takes_float32_cpu_heads_it_can_hold() -> None:
     cache = torch.zeros(2, 16, 1, 64)
     assert cpu_attention.takes(torch.zeros(1, 2, 64), cache, cache)
     assert not cpu_attention.takes(torch.zeros(1, 2, 64, dtype=torch.bfloat16), cache, cache)
+    half, brain = cache.half(), cache.bfloat16()
+    # A 16-bit pool under float32 queries, both caches alike; not under 16-bit queries.
+    assert cpu_attention.takes(torch.zeros(1, 2, 64), half, half)
+    assert cpu_attention.takes(torch.zeros(1, 2, 64), brain, brain)
+    assert not cpu_attention.takes(torch.zeros(1, 2, 64), half, brain)
+    assert not cpu_attention.takes(torch.zeros(1, 2, 64, dtype=torch.float16), half, half)
+    assert not cpu_attention.takes(torch.zeros(1, 2, 64), cache.double(), cache.double())
     wide = torch.zeros(2, 16, 1, 72)
     assert not cpu_attention.takes(torch.zeros(1, 2, 72), wide, wide)
     strided = torch.zeros(2, 16, 2, 64)[:, :, :1]
@@ -84,16 +114,20 @@ def test_a_head_the_kernel_refuses_is_left_to_the_caller() -> None:
     assert bool(out.isnan().all())
 
 
-def test_without_the_kernel_the_torch_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_kernel_the_torch_path_runs(
+    monkeypatch: pytest.MonkeyPatch, kv_dtype: torch.dtype
+) -> None:
     monkeypatch.setattr(cpu_attention._LIBRARY, "_state", (None, "no C compiler here"))
-    step = CONFIGS[0].step(LONG, seed=15)
+    step = in_pool(CONFIGS[0].step(LONG, seed=15), kv_dtype)
     assert not cpu_attention.takes(step.query, step.key_cache, step.value_cache)
     result = reference.paged_attention(*step.args(), **step.kwargs())
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]
 
 
-def test_a_block_outside_the_pool_is_refused_before_anything_is_read() -> None:
-    step = CONFIGS[0].step([(40, 1), (300, 1)], seed=16)
+def test_a_block_outside_the_pool_is_refused_before_anything_is_read(
+    kv_dtype: torch.dtype,
+) -> None:
+    step = in_pool(CONFIGS[0].step([(40, 1), (300, 1)], seed=16), kv_dtype)
     step.block_tables[1, 5] = step.key_cache.shape[0]  # one past the pool's last block
     out = step.nan_out()
     with pytest.raises(IndexError, match=r"outside the pool of \d+ blocks"):
@@ -101,10 +135,10 @@ def test_a_block_outside_the_pool_is_refused_before_anything_is_read() -> None:
     assert bool(out.isnan().all())
 
 
-def test_a_sequence_gets_the_same_bits_alone_or_beside_others() -> None:
+def test_a_sequence_gets_the_same_bits_alone_or_beside_others(kv_dtype: torch.dtype) -> None:
     # Its spans and their merge do not depend on the other sequences of the step, so an
     # answer does not change with the load.
-    step = CONFIGS[0].step([(300, 1), (1100, 1), (40, 1)], seed=17)
+    step = in_pool(CONFIGS[0].step([(300, 1), (1100, 1), (40, 1)], seed=17), kv_dtype)
     together = reference.paged_attention(*step.args(), **step.kwargs())
     alone = reference.paged_attention(
         step.query[1:2],
@@ -118,3 +152,36 @@ def test_a_sequence_gets_the_same_bits_alone_or_beside_others() -> None:
         max_context_len=1100,
     )
     assert torch.equal(together[1:2], alone)
+
+
+@pytest.mark.parametrize("kv", [torch.float16, torch.bfloat16], ids=str)
+def test_the_bound_sees_the_pools_rounding(kv: torch.dtype) -> None:
+    # The oracle on the unrounded float32 values is beyond the bound the tests above hold
+    # the kernel to (float16 by 2.5x, bfloat16 by 20x; the kernel is within 1e-6 of the
+    # pool's oracle): they would fail on a kernel that attended other values than the
+    # pool's, such as the float32 ones it came from.
+    step = CONFIGS[0].step(LONG, seed=18)
+    pool = in_pool(step, kv)
+    native = reference.paged_attention(*pool.args(), **pool.kwargs())
+    assert rel_err(native, oracle(pool)) < TOLERANCE[torch.float32]
+    assert rel_err(oracle(pool), oracle(step)) > 2 * TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("kv", [torch.float16, torch.bfloat16], ids=str)
+def test_dispatch_takes_a_16_bit_pool_under_float32_queries_on_the_torch_path_only(
+    kv: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = in_pool(CONFIGS[0].step(mixed_seqs(16), seed=19), kv)
+    result = dispatch.paged_attention(*step.args(), **step.kwargs(), backend="torch")
+    assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]
+    # Other mixes stay refused, naming the dtypes.
+    other = torch.bfloat16 if kv == torch.float16 else torch.float16
+    pairs = [(step.query, step.value_cache.to(other)), (step.query.to(other), step.value_cache)]
+    for query, values in pairs:
+        mixed = dataclasses.replace(step, query=query, value_cache=values)
+        with pytest.raises(ValueError, match="must have query's dtype"):
+            dispatch.paged_attention(*mixed.args(), **mixed.kwargs(), backend="torch")
+    # Triton reads the queries' dtype only: the same call is refused before it runs.
+    monkeypatch.setattr(dispatch, "resolve_backend", lambda *args: "triton")
+    with pytest.raises(ValueError, match="must have query's dtype"):
+        dispatch.paged_attention(*step.args(), **step.kwargs())
