@@ -8,7 +8,17 @@ from pathlib import Path
 
 from paged_llm.protocol.defaults import DEFAULT_MODEL, WEIGHT_CHOICES
 
-__all__ = ["DEFAULT_MODEL", "WEIGHT_CHOICES", "EngineConfig", "KVLayout", "SchedulerConfig"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "KV_CACHE_DTYPES",
+    "WEIGHT_CHOICES",
+    "EngineConfig",
+    "KVLayout",
+    "SchedulerConfig",
+]
+
+# What the KV pool may hold (model_runner.resolve_kv_dtype turns auto into one of the others).
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 # How long the latency policy's step budget holds after the last interactive request: a
@@ -98,7 +108,10 @@ class EngineConfig:
     ``kv_budget`` is the KV pool size: bytes when above 1, else a fraction of the memory
     free after the weights are loaded. ``interactive_kv_reserve``, ``step_policy``,
     ``interactive_step_seconds`` and ``interactive_hold_seconds`` are the scheduler's (see
-    :class:`SchedulerConfig`).
+    :class:`SchedulerConfig`). ``kv_cache_dtype`` is what the KV pool holds: ``auto`` is
+    float16 on a CPU engine whose float32 model runs quantized weights (half the bytes per
+    block, so twice the blocks for a budget, and half the bytes a decode reads), else the
+    model's dtype (see model_runner.resolve_kv_dtype).
     """
 
     model: str = DEFAULT_MODEL
@@ -120,6 +133,7 @@ class EngineConfig:
     interactive_step_seconds: float = 0.1
     interactive_hold_seconds: float = INTERACTIVE_HOLD_SECONDS
     weights: str = "auto"
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         """Reject settings that cannot work, naming the setting."""
@@ -143,6 +157,11 @@ class EngineConfig:
         if self.weights not in WEIGHT_CHOICES:
             raise ValueError(
                 f"weights must be one of {', '.join(WEIGHT_CHOICES)}, got {self.weights!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
             )
         self.kv_layout = KVLayout(self.kv_layout)
         _check_settings(self)

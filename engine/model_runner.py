@@ -12,6 +12,7 @@ from transformers import AttentionInterface
 
 from paged_llm.kernels import paged_attention, resolve_backend, store_kv
 
+from .config import KV_CACHE_DTYPES, EngineConfig
 from .loader import LoadedModel
 from .penalties import apply_penalties
 from .sampler import Sampler
@@ -96,31 +97,95 @@ def kv_geometry(model_config: Any) -> tuple[int, int, int]:
     return int(model_config.num_hidden_layers), kv_heads, head_dim
 
 
-def kv_bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block of K and V takes across all layers."""
+def kv_bytes_per_block(model_config: Any, block_size: int, kv_dtype: torch.dtype) -> int:
+    """Bytes one block of K and V takes across all layers, in the pool's dtype ``kv_dtype``."""
     layers, kv_heads, head_dim = kv_geometry(model_config)
-    return 2 * layers * block_size * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    return 2 * layers * block_size * kv_heads * head_dim * torch.finfo(kv_dtype).bits // 8
+
+
+_KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_SIXTEEN_BITS = (torch.float16, torch.bfloat16)
+
+
+def resolve_kv_dtype(
+    setting: str, device: torch.device, model_dtype: torch.dtype, weights: str
+) -> torch.dtype:
+    """The dtype the KV pool holds for a ``kv_cache_dtype`` setting (config.KV_CACHE_DTYPES).
+
+    ``auto`` is float16 on a CPU engine whose float32 model runs quantized weights in place
+    (``weights``, LoadedModel's text, not "float"): the fast path, where a 16-bit pool gives
+    twice the blocks for a budget and halves the bytes a decode reads. Otherwise the model's
+    dtype, so the exact float path keeps its float32 pool and transformers' own tokens, and
+    CUDA (Triton reads the queries' dtype) keeps the model's. An explicit dtype must be the
+    model's, or a 16-bit one under a float32 model on the CPU (the attention widens what it
+    reads to float32); anything else is a ValueError naming the setting.
+    """
+    if setting not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {setting!r}"
+        )
+    on_cpu = device.type == "cpu"
+    if setting == "auto":
+        fast = on_cpu and model_dtype == torch.float32 and not weights.startswith("float")
+        return torch.float16 if fast else model_dtype
+    kv_dtype = _KV_DTYPES[setting]
+    if kv_dtype == model_dtype:
+        return kv_dtype
+    if on_cpu and model_dtype == torch.float32 and kv_dtype in _SIXTEEN_BITS:
+        return kv_dtype
+    model = _name(model_dtype)
+    raise ValueError(
+        f"kv_cache_dtype {setting} cannot serve a {model} model on {device.type}: the KV cache "
+        f"holds the model's dtype ({model}), or float16 or bfloat16 under a float32 model on "
+        "the CPU; use kv_cache_dtype auto"
+    )
+
+
+def _name(dtype: torch.dtype) -> str:
+    """A dtype as the settings spell it: float16, not torch.float16."""
+    return str(dtype).removeprefix("torch.")
+
+
+def config_kv_dtype(config: EngineConfig, loaded: LoadedModel) -> torch.dtype:
+    """resolve_kv_dtype for an engine's settings and its loaded model."""
+    return resolve_kv_dtype(config.kv_cache_dtype, loaded.device, loaded.dtype, loaded.weights)
 
 
 class ModelRunner:
     """Owns the model and the KV pool; turns a scheduler output into sampled tokens."""
 
     def __init__(
-        self, loaded: LoadedModel, num_blocks: int, block_size: int, backend: str | None = None
+        self,
+        loaded: LoadedModel,
+        num_blocks: int,
+        block_size: int,
+        backend: str | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
-        """Allocate the pool (zeroed, so padding never reads NaN) and switch attention over."""
+        """Allocate the pool (zeroed, so padding never reads NaN) and switch attention over.
+
+        ``kv_dtype``: what the pool holds, config_kv_dtype(config, loaded) for an engine;
+        None keeps the model's dtype.
+        """
         self.loaded = loaded
         self.model = loaded.model
         self.device = loaded.device
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.backend = None if backend in (None, "auto") else backend
+        if kv_dtype is None:
+            kv_dtype = loaded.dtype
+        self.kv_dtype = kv_dtype
+        # For diagnostics beside LoadedModel.attention: what the pool holds, and how it is read.
+        self.kv_cache_text = f"{_name(kv_dtype)} KV cache"
+        if kv_dtype != loaded.dtype:
+            self.kv_cache_text += f", read as {_name(loaded.dtype)}"
         layers, kv_heads, head_dim = kv_geometry(self.model.config)
         shape = (num_blocks, block_size, kv_heads, head_dim)
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=loaded.dtype, device=self.device),
-                torch.zeros(shape, dtype=loaded.dtype, device=self.device),
+                torch.zeros(shape, dtype=kv_dtype, device=self.device),
+                torch.zeros(shape, dtype=kv_dtype, device=self.device),
             )
             for _ in range(layers)
         ]

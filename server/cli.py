@@ -65,6 +65,14 @@ def _engine_arguments(parser: argparse.ArgumentParser, positional_model: bool = 
         help="KV pool size: bytes (512MiB, 4GiB) or a fraction of the memory left after "
         "the weights (0.8); default 256MiB",
     )
+    group.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="what the KV cache holds: auto (float16 on a CPU engine running quantized "
+        "weights, which doubles the blocks a budget buys; else the model's dtype), float32, "
+        "float16 or bfloat16 (16 bits under a float32 model on the CPU only)",
+    )
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     group.add_argument("--max-num-seqs", type=int, default=32, help="sequences per batch")
     group.add_argument(
@@ -90,6 +98,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         device=args.device,
         dtype=args.dtype,
         weights=args.weights,
+        kv_cache_dtype=args.kv_cache_dtype,
         block_size=args.block_size,
         kv_budget=args.kv_budget,
         max_num_seqs=args.max_num_seqs,
