@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
 import importlib.util
 import logging
 import os
 import shutil
-import tempfile
+import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,17 +22,7 @@ from .architectures import check_supported, exact_context
 from .config import DEFAULT_MODEL, EngineConfig
 from .errors import ModelLoadError
 from .memory import fit_dtype
-from .quant import (
-    GroupWeight,
-    Q4Float32Linear,
-    Q4Weight,
-    Q8Float32Linear,
-    Q8Weight,
-    WeightFormat,
-    quantize_model,
-    unpack_gguf_q4,
-    unpack_gguf_q8,
-)
+from .quant import Q4Float32Linear, WeightFormat, quantize_model
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -122,104 +110,6 @@ def bundled_gguf_path(name: str) -> Path:
     return path
 
 
-def _gguf_cache_folder(gguf: Path, cache_dir: Path, dtype: torch.dtype) -> Path:
-    """The folder a converted GGUF file is kept in, keyed by the file's identity and dtype."""
-    stat = gguf.stat()
-    key = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{dtype}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir / f"{gguf.stem}-{digest}"
-
-
-def _converted(gguf: Path, cache_dir: Path | None, dtype: torch.dtype) -> Path | None:
-    """The folder an earlier start converted ``gguf`` into in ``dtype``, if it is kept."""
-    if cache_dir is None:
-        return None
-    folder = _gguf_cache_folder(gguf, cache_dir, dtype)
-    return folder if (folder / "config.json").is_file() else None
-
-
-Progress = Callable[[float], None]
-
-
-def reporting_bar(progress: Progress | None) -> Callable[..., Iterator[Any]]:
-    """A stand-in for tqdm over a sized iterable: draws nothing, reports the done fraction.
-
-    transformers' GGUF conversion draws its own tqdm bar, which would land in Home
-    Assistant's log as one long line; this turns it into calls of ``progress``.
-    """
-
-    def bar(iterable: Iterable[Any], *args: Any, **kwargs: Any) -> Iterator[Any]:
-        items = list(iterable)
-        total = len(items) or 1
-        last = -1
-        for done, item in enumerate(items, 1):
-            yield item
-            percent = done * 100 // total
-            if progress is not None and percent != last:
-                last = percent
-                progress(done / total)
-
-    return bar
-
-
-@contextlib.contextmanager
-def _conversion_progress(progress: Progress | None) -> Iterator[None]:
-    """Route the GGUF conversion's progress bar to ``progress`` while loading."""
-    from transformers import modeling_gguf_pytorch_utils as gguf_utils
-
-    original = getattr(gguf_utils, "tqdm", None)
-    gguf_utils.tqdm = reporting_bar(progress)  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = original  # type: ignore[attr-defined]
-
-
-# Picks the dtype to load a model in from its config (memory.fit_dtype, bound to settings).
-DtypeFit = Callable[[Any], torch.dtype]
-
-
-def _load_gguf(
-    gguf: Path, fit: DtypeFit, dtype: torch.dtype, cache_dir: Path | None, progress: Progress | None
-) -> tuple[Any, Any, torch.dtype]:
-    """Load a GGUF file as a dense model, converting it once into ``cache_dir`` when given.
-
-    Parsing and dequantizing GGUF takes tens of seconds; the converted safetensors folder
-    loads in well under a second on later starts. ``dtype`` is the one asked for; ``fit``
-    may choose another when the weights would not fit in memory.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    converted = _converted(gguf, cache_dir, dtype)
-    if converted is None:
-        # Memory may pick another dtype, whose conversion an earlier start may have kept.
-        dtype = fit(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name))
-        converted = _converted(gguf, cache_dir, dtype)
-    if converted is not None:
-        return _load_folder(str(converted), fit, local_only=True)
-    _LOGGER.info("Converting %s (this takes a while the first time)", gguf)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # Without a published GGUF matmul kernel the packed weights would be unpacked at every
-    # forward; dequantizing once at load is what makes the CPU path fast.
-    with _conversion_progress(progress):
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent,
-            gguf_file=gguf.name,
-            dtype=dtype,
-            quantization_config=GgufConfig(dequantize=True),
-        )
-    if cache_dir is not None:
-        folder = _gguf_cache_folder(gguf, cache_dir, dtype)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        # A folder of this process's own: Home Assistant and a `paged-llm serve` sharing the
-        # cache (or parallel tests) may convert the same file at the same time.
-        tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=folder.parent))
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        publish_folder(tmp, folder)
-    return model, tokenizer, dtype
-
-
 def publish_folder(tmp: Path, folder: Path) -> None:
     """Move a finished folder into place; when another process got there first, keep theirs."""
     try:
@@ -228,6 +118,49 @@ def publish_folder(tmp: Path, folder: Path) -> None:
         if not folder.is_dir():
             raise
         shutil.rmtree(tmp)
+
+
+Progress = Callable[[float], None]
+# Picks the dtype to load a model in from its config (memory.fit_dtype, bound to settings).
+DtypeFit = Callable[[Any], torch.dtype]
+
+
+def _load_gguf(
+    gguf: Path,
+    fmt: WeightFormat,
+    fit: DtypeFit,
+    device: torch.device,
+    config: EngineConfig,
+    progress: Progress | None,
+) -> tuple[Any, Any, torch.dtype, str | None]:
+    """Load a GGUF file: in place on the CPU kernels where ``auto`` allows, else dense.
+
+    Returns the model, the tokenizer, the dtype and the weights description when kept in
+    place (None when dense: :func:`apply_weights` then handles ``fmt``). In place, the
+    activations are float32: the kernels take them so.
+    """
+    # Here, not at the top: only a GGUF load needs the gguf package and these kernels.
+    from paged_llm.kernels import gguf_kernels
+
+    from .gguf_model import load_gguf_model
+
+    cache_dir = config.cache_dir
+    in_place = fmt is WeightFormat.AUTO and device.type == "cpu"
+    if in_place:
+        reason = gguf_kernels.unavailable(None if cache_dir is None else cache_dir / "kernels")
+        if reason is not None:
+            _LOGGER.warning(
+                "%s loads dense: the GGUF CPU kernels are unavailable (%s)", gguf, reason
+            )
+            in_place = False
+    loaded = load_gguf_model(gguf, fit, in_place, cache_dir, progress)
+    if not in_place:
+        return loaded.model, loaded.tokenizer, loaded.dtype, None
+    kept = ", ".join(f"{n} {kind}" for kind, n in sorted(loaded.kept.items()))
+    dense = ", ".join(f"{n} {kind}" for kind, n in sorted(loaded.dense.items()))
+    text = f"gguf in place ({kept} tensors on {gguf_kernels.vector_path()} kernels"
+    text += f"; {dense} in memory)" if dense else ")"
+    return loaded.model, loaded.tokenizer, loaded.dtype, text
 
 
 def _load_folder(source: str, fit: DtypeFit, local_only: bool) -> tuple[Any, Any, torch.dtype]:
@@ -261,8 +194,31 @@ def _quiet_progress_bars() -> None:
 def load_model(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
     """Load the configured model onto its device; every failure is a ModelLoadError naming it.
 
-    ``progress`` (called from this thread) gets the done fraction of a GGUF conversion.
+    The work runs on a thread of its own that ends before this returns, whatever thread
+    calls it: torch's OpenMP runtime (libgomp) keeps a worker pool for every live thread
+    that ran parallel ops, and with more pool threads than cores its workers stop
+    spinning between parallel regions, so a model loaded on a thread that lives on (a
+    script's main thread, an executor) then decoded at half speed on the engine's step
+    thread. ``progress`` is called from that loading thread with the done fraction.
     """
+    outcome: list[LoadedModel | BaseException] = []
+
+    def work() -> None:
+        try:
+            outcome.append(_load_model(config, progress))
+        except BaseException as err:  # handed to the caller below
+            outcome.append(err)
+
+    thread = threading.Thread(target=work, name="paged-llm-load-model", daemon=True)
+    thread.start()
+    thread.join()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _load_model(config: EngineConfig, progress: Progress | None) -> LoadedModel:
+    """load_model's work, on its own thread."""
     _quiet_progress_bars()
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, config.weights)
@@ -270,16 +226,17 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     fallback = torch.bfloat16 if config.dtype == "auto" and dtype == torch.float32 else None
     fit = functools.partial(fit_dtype, dtype=dtype, device=device, fallback=fallback)
     source = config.model.strip() or DEFAULT_MODEL
-    gguf: Path | None = None
+    fmt = WeightFormat(config.weights)
+    weights: str | None = None
     try:
-        if source.startswith(BUNDLED_PREFIX):
-            gguf = bundled_gguf_path(source.removeprefix(BUNDLED_PREFIX))
-            model, tokenizer, dtype = _load_gguf(gguf, fit, dtype, config.cache_dir, progress)
-        elif source.endswith(".gguf"):
-            gguf = Path(source).expanduser()
-            if not gguf.is_file():
-                raise ModelLoadError(f"GGUF file {source} does not exist")
-            model, tokenizer, dtype = _load_gguf(gguf, fit, dtype, config.cache_dir, progress)
+        if source.startswith(BUNDLED_PREFIX) or source.endswith(".gguf"):
+            if source.startswith(BUNDLED_PREFIX):
+                gguf = bundled_gguf_path(source.removeprefix(BUNDLED_PREFIX))
+            else:
+                gguf = Path(source).expanduser()
+                if not gguf.is_file():
+                    raise ModelLoadError(f"GGUF file {source} does not exist")
+            model, tokenizer, dtype, weights = _load_gguf(gguf, fmt, fit, device, config, progress)
         elif source.startswith(("/", "~", ".")) or Path(source).expanduser().exists():
             path = Path(source).expanduser()
             if not path.is_dir():
@@ -291,9 +248,8 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
             # A Hugging Face id: from the local cache when offline, else downloaded once.
             model, tokenizer, dtype = _load_folder(source, fit, local_only=False)
         check_supported(model.config, getattr(model, "generation_config", None))
-        weights = apply_weights(
-            model, WeightFormat(config.weights), dtype, device, gguf, config.cache_dir
-        )
+        if weights is None:
+            weights = apply_weights(model, fmt, dtype, device, config.cache_dir)
     except ModelLoadError:
         raise
     except Exception as err:
@@ -339,141 +295,29 @@ def apply_weights(
     fmt: WeightFormat,
     dtype: torch.dtype,
     device: torch.device,
-    gguf: Path | None,
     cache_dir: Path | None = None,
 ) -> str:
-    """Hold the linear weights as ``fmt`` asks; return what was done (for diagnostics).
+    """Hold a dense model's linear weights as ``fmt`` asks; return what was done.
 
-    ``auto`` keeps a GGUF file's Q4_0/Q4_1/Q8_0 weights as they are on a float32 CPU
-    engine, through the engine's own kernels (kernels/cpu_quant.c, built where a C compiler
-    exists): they multiply the same float32 weights the dense path would, so answers stay
-    transformers' own. Elsewhere ``auto`` is dense: torch's int4 kernel needs bf16
-    activations, and rounding the scales to bf16 changed the bundled model's answers
-    (docs/performance.md).
+    ``auto`` and ``float`` keep them dense (a GGUF file's blocks are kept in place by
+    :func:`_load_gguf` instead); ``q4`` and ``q8`` quantize them at load, on the CPU only.
     """
-    if fmt is WeightFormat.FLOAT:
+    if fmt in (WeightFormat.FLOAT, WeightFormat.AUTO):
         return "float"
     if device.type != "cpu":
-        if fmt is WeightFormat.AUTO:
-            return "float"
         raise ModelLoadError(
             f"weights {fmt.value!r} uses torch's CPU kernels; use weights 'float' on {device}"
         )
-    # Built (once) into the engine's cache folder, whichever format asks for it first.
-    reason = cpu_quant.unavailable(None if cache_dir is None else cache_dir / "kernels")
-    if fmt is WeightFormat.AUTO:
-        if dtype != torch.float32 or gguf is None:
-            return "float"
-        if reason is not None:
-            _LOGGER.info(
-                "dense float32 weights: the quantized CPU kernels are unavailable (%s)", reason
-            )
-            return "float"
-    given: dict[str, GroupWeight] = {}
-    if gguf is not None and fmt is not WeightFormat.Q8:
-        given = cached_gguf_weights(gguf, model, cache_dir)
-    swapped = Counter(quantize_model(model, fmt, dtype, given))
-    embedding = swapped.pop("embedding", 0)
+    # Built (once) into the engine's cache folder.
+    cpu_quant.unavailable(None if cache_dir is None else cache_dir / "kernels")
+    swapped = Counter(quantize_model(model, fmt, dtype))
     if not swapped:
         return "float"
-    names = {"q4": "4-bit", "q8": "8-bit", "q8-row": "8-bit per-row"}
+    names = {"q4": "4-bit", "q8-row": "8-bit per-row"}
     text = " and ".join(f"{n} {names[kind]}" for kind, n in swapped.items()) + " linear layers"
-    if embedding:
-        text += " and the 8-bit embedding"
-    if given:
-        text += " from the GGUF file"
-    if any(isinstance(m, Q4Float32Linear | Q8Float32Linear) for m in model.modules()):
+    if any(isinstance(m, Q4Float32Linear) for m in model.modules()):
         text += f", float32 kernels, {cpu_quant.vector_path()}"
-    return f"{'q8' if fmt is WeightFormat.Q8 else 'q4'} ({text})"
-
-
-def cached_gguf_weights(gguf: Path, model: Any, cache_dir: Path | None) -> dict[str, GroupWeight]:
-    """gguf_weights, kept beside the converted model when there is a cache folder.
-
-    Reading the file's metadata and mapping its names takes tens of seconds; the saved
-    copy loads in well under one.
-    """
-    if cache_dir is None:
-        return gguf_weights(gguf, model)
-    from safetensors.torch import load_file, save_file
-
-    folder = _gguf_cache_folder(gguf, cache_dir, torch.float32)
-    # with_name, not with_suffix: the folder's name has dots of its own (".Q4_1-<digest>").
-    path = folder.with_name(folder.name + ".groups.safetensors")
-    if path.is_file():
-        flat = load_file(path)
-    else:
-        flat = {}
-        for name, q in gguf_weights(gguf, model).items():
-            flat[f"{name}.codes"] = q.codes
-            flat[f"{name}.scale"] = q.scale
-            if isinstance(q, Q4Weight):
-                flat[f"{name}.zero"] = q.zero
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Unique per writer, so two processes extracting the same file never mix their bytes.
-        fd, name = tempfile.mkstemp(prefix=path.name + ".partial-", dir=path.parent)
-        os.close(fd)
-        save_file(flat, name)
-        os.replace(name, path)
-    names = {key.rsplit(".", 1)[0] for key in flat}
-    return {
-        n: Q4Weight(flat[f"{n}.codes"], flat[f"{n}.scale"], flat[f"{n}.zero"])
-        if f"{n}.zero" in flat
-        else Q8Weight(flat[f"{n}.codes"], flat[f"{n}.scale"])
-        for n in names
-    }
-
-
-def gguf_weights(gguf: Path, model: Any) -> dict[str, GroupWeight]:
-    """The file's Q4_0, Q4_1 and Q8_0 tensors, keyed by the model's parameter names.
-
-    The names and the row order come from transformers' own GGUF mapping: its tensor
-    processor (which undoes llama.cpp's Q/K row permutation) is applied to the codes and
-    to the per-block scales alike, since it only reorders rows.
-    """
-    import numpy as np
-    from gguf import GGUFReader
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS,
-        TensorProcessor,
-        get_gguf_hf_weights_map,
-    )
-
-    reader = GGUFReader(gguf)
-    field = reader.fields["general.architecture"]
-    arch = bytes(field.parts[field.data[0]]).decode()
-    cfg = model.config
-    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(  # type: ignore[no-untyped-call]
-        config={
-            "num_attention_heads": getattr(cfg, "num_attention_heads", None),
-            "num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
-        }
-    )
-    mapping = get_gguf_hf_weights_map(model, processor)
-    out: dict[str, GroupWeight] = {}
-    for tensor in reader.tensors:
-        kind = tensor.tensor_type.name
-        data = np.asarray(tensor.data)
-        q: GroupWeight
-        parts: tuple[torch.Tensor, ...]
-        if kind in ("Q4_0", "Q4_1"):
-            q = unpack_gguf_q4(data, kind)
-            parts = (q.codes, q.scale, q.zero)
-        elif kind == "Q8_0":
-            q = unpack_gguf_q8(data)
-            parts = (q.codes, q.scale)
-        else:
-            continue
-        processed = [
-            processor.process(weights=t.numpy(), name=tensor.name)  # type: ignore[no-untyped-call]
-            for t in parts
-        ]
-        name = processed[0].name
-        if name not in mapping:
-            continue
-        tensors = [torch.from_numpy(np.ascontiguousarray(p.weights)) for p in processed]
-        out[mapping[name]] = Q4Weight(*tensors) if len(tensors) == 3 else Q8Weight(*tensors)
-    return out
+    return f"{fmt.value} ({text})"
 
 
 def default_repetition_penalty(model: Any) -> float:

@@ -1,21 +1,17 @@
-"""Weight-only quantized linear layers on CPU kernels, and GGUF Q4_0/Q4_1/Q8_0 unpacking.
+"""Weight-only quantized linear layers for a dense model quantized at load (``q4``, ``q8``).
 
 A 4-bit weight keeps groups of ``group_size`` input columns with one scale and one zero
-each, in torch's convention ``w = (q - 8) * scale + zero`` with ``q`` in 0..15. GGUF's
-Q4_0 (``d * (q - 8)``) and Q4_1 (``d * q + m``) map onto it without loss, so the file's
-weights are used as they are. An 8-bit weight has one symmetric scale per output row
-(torch's ``_weight_int8pack_mm``). Both read 4-8x fewer bytes per token than bf16/fp32,
-which is what bounds CPU decode at one sequence.
+each, in torch's convention ``w = (q - 8) * scale + zero`` with ``q`` in 0..15. An 8-bit
+weight has one symmetric scale per output row (torch's ``_weight_int8pack_mm``). Both read
+4-8x fewer bytes per token than bf16/fp32, which is what bounds CPU decode at one sequence.
+In float32 the 4-bit layers run on the engine's own kernels (kernels/cpu_quant.c), which
+form each weight exactly as the dense path's dequantized value. A GGUF file's own blocks
+are not handled here: engine/gguf_model.py keeps them in place.
 
-GGUF's Q8_0 (``d * q`` per group of 32) is kept as int8 codes with a float32 scale per
-group. In float32 both run on the engine's own kernels (kernels/cpu_quant.c), which form
-each weight exactly as the dense path's dequantized value.
-
-The bound, tested in tests/engine/test_quant.py: in float32 a quantized layer's output
-equals ``x @ dequantize(weight).T`` up to summation order; so greedy tokens equal
-transformers' running the dequantized weights. In bfloat16 the scales and zeros are
-rounded to bfloat16 (torch's int4 kernel's format), a rounding of the same size as bf16
-weights.
+The bound, tested in tests/engine/test_quant.py: in float32 a 4-bit layer's output
+equals ``x @ dequantize(weight).T`` up to summation order. In bfloat16 the scales and
+zeros are rounded to bfloat16 (torch's int4 kernel's format), a rounding of the same size
+as bf16 weights.
 """
 
 from __future__ import annotations
@@ -25,7 +21,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from paged_llm.kernels import cpu_quant
@@ -38,7 +33,7 @@ GROUP_SIZE = cpu_quant.GROUP_SIZE
 class WeightFormat(enum.StrEnum):
     """How linear weights are held: as loaded, or quantized for the CPU kernels."""
 
-    AUTO = "auto"  # a file's 4/8-bit weights on the float32 kernels, else dense (loader)
+    AUTO = "auto"  # a GGUF file's blocks kept in place on the CPU kernels, else dense
     FLOAT = "float"  # dense weights in the engine's dtype
     Q4 = "q4"  # 4-bit groups of 32 (a float model is quantized at load)
     Q8 = "q8"  # 8-bit, one scale per output row
@@ -58,22 +53,6 @@ class Q4Weight:
         scale = self.scale.float().repeat_interleave(group, dim=1)
         zero = self.zero.float().repeat_interleave(group, dim=1)
         return (self.codes.float() - 8) * scale + zero
-
-
-@dataclass(slots=True)
-class Q8Weight:
-    """An 8-bit weight in groups (GGUF's Q8_0): int8 codes ``[out, in]``, scale ``[out, in/32]``."""
-
-    codes: torch.Tensor
-    scale: torch.Tensor
-
-    def dequantize(self) -> torch.Tensor:
-        """The float32 weight these codes stand for."""
-        group = self.codes.shape[1] // self.scale.shape[1]
-        return self.codes.float() * self.scale.float().repeat_interleave(group, dim=1)
-
-
-GroupWeight = Q4Weight | Q8Weight
 
 
 def can_quantize_q4(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> bool:
@@ -204,32 +183,6 @@ def _packed(layer: torch.nn.Module, *names: str) -> cpu_quant.Packed:
     return packed
 
 
-class Q8Float32Linear(QuantLinear):
-    """A linear layer whose weight stays 8-bit in groups (Q8_0), multiplied in float32.
-
-    The same rule as Q4Float32Linear: each weight is ``q * scale`` exactly as the dense
-    path forms it; 9 bits per weight are read instead of 32.
-    """
-
-    codes: torch.Tensor
-    scale: torch.Tensor
-
-    def __init__(self, q: Q8Weight, bias: torch.Tensor | None) -> None:
-        """Keep the int8 codes and the float32 scales (shared with a tied embedding)."""
-        super().__init__(q.codes.shape, bias, torch.float32)
-        # Copies, as in Q4Float32Linear: no view of a mapped cache file stays alive.
-        self.register_buffer("codes", q.codes.clone())
-        self.register_buffer("scale", q.scale.float().clone())
-
-    def multiply(self, flat: torch.Tensor) -> torch.Tensor:
-        """Through the engine's 8-bit float32 kernel."""
-        return _packed(self, "codes", "scale").linear(flat.float())
-
-    def extra_repr(self) -> str:
-        """Shown by print(model)."""
-        return f"in={self.in_features}, out={self.out_features}, q8 float32 group={GROUP_SIZE}"
-
-
 class Q8Linear(QuantLinear):
     """A linear layer with an int8 weight and one scale per output row."""
 
@@ -260,68 +213,6 @@ class Q8Linear(QuantLinear):
         return f"in={self.in_features}, out={self.out_features}, q8 per-row"
 
 
-class Q8Float32Embedding(torch.nn.Module):
-    """A token embedding kept 8-bit (Q8_0); the rows looked up are formed as float32.
-
-    Tied to the output projection, it shares that layer's codes, so the model holds the
-    matrix once, in 8 bits.
-    """
-
-    codes: torch.Tensor
-    scale: torch.Tensor
-
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor) -> None:
-        """Keep (or share) the int8 codes ``[vocab, dim]`` and scales ``[vocab, dim/group]``."""
-        super().__init__()
-        self.num_embeddings, self.embedding_dim = codes.shape
-        self.register_buffer("codes", codes)
-        self.register_buffer("scale", scale)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """The embeddings of ``ids``, for any shape of ids."""
-        flat = ids.reshape(-1)
-        rows = cpu_quant.q8_dequantize(
-            self.codes.index_select(0, flat), self.scale.index_select(0, flat)
-        )
-        return rows.reshape(*ids.shape, self.embedding_dim)
-
-    def extra_repr(self) -> str:
-        """Shown by print(model)."""
-        return f"{self.num_embeddings}, {self.embedding_dim}, q8 float32 group={GROUP_SIZE}"
-
-
-def unpack_gguf_q4(data: np.ndarray, kind: str) -> Q4Weight:
-    """GGUF Q4_0/Q4_1 blocks ``[rows, blocks * bytes]`` as codes, scale and zero.
-
-    A block is 32 values: fp16 ``d`` (and for Q4_1 fp16 ``m``), then 16 bytes whose low
-    nibbles are values 0..15 and high nibbles 16..31.
-    """
-    header = {"Q4_0": 2, "Q4_1": 4}[kind]
-    rows = data.shape[0]
-    blocks = data.reshape(rows, -1, header + 16)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    qs = blocks[..., header:]
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
-    if kind == "Q4_0":
-        zero = np.zeros_like(d)
-    else:
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        zero = m + 8 * d  # d*q + m == d*(q-8) + (m + 8d)
-    return Q4Weight(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(zero))
-
-
-def unpack_gguf_q8(data: np.ndarray) -> Q8Weight:
-    """GGUF Q8_0 blocks ``[rows, blocks * 34]`` as int8 codes and a float32 scale per block.
-
-    A block is 32 values: fp16 ``d``, then 32 signed bytes ``q``; the value is ``d * q``.
-    """
-    rows = data.shape[0]
-    blocks = data.reshape(rows, -1, 34)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
-    return Q8Weight(torch.from_numpy(codes), torch.from_numpy(d))
-
-
 def linear_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Linear]]:
     """Every nn.Linear of a model with its dotted name."""
     for name, module in model.named_modules():
@@ -343,38 +234,17 @@ def q4_linear(q: Q4Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> tor
     return Q4Linear(q, bias, dtype)
 
 
-def quantize_model(
-    model: Any, fmt: WeightFormat, dtype: torch.dtype, given: dict[str, GroupWeight] | None = None
-) -> list[str]:
-    """Swap linear layers (and a tied embedding) for quantized ones; return what was swapped.
+def quantize_model(model: Any, fmt: WeightFormat, dtype: torch.dtype) -> list[str]:
+    """Swap a dense model's linear layers for quantized ones; return each swap's kind.
 
-    ``given`` holds weights read from a file by parameter name (``x.weight``); those layers
-    take them as they are (4-bit ones always, 8-bit ones where the float32 kernels run).
-    Under Q4/Q8 every other linear layer whose shape the kernel takes is quantized from its
-    float weight; under AUTO only ``given`` ones are. The returned list names each swap's
-    kind: ``q4``, ``q8`` (given 8-bit groups), ``q8-row`` (torch's per-row int8) and
-    ``embedding``.
+    Under Q4 every linear layer whose shape the kernel takes is rounded to 4-bit groups
+    (``q4``); under Q8 every one to torch's per-row int8 (``q8-row``).
     """
-    given = given or {}
-    float32_kernels = dtype == torch.float32 and cpu_quant.unavailable() is None
-    embedding = model.get_input_embeddings()
-    embedding_name = next(n for n, m in model.named_modules() if m is embedding)
     swapped: list[str] = []
-    tied_head: Q8Float32Linear | None = None
     for name, linear in list(linear_modules(model)):
-        q = given.get(f"{name}.weight")
-        tied = linear.weight is getattr(embedding, "weight", None)
-        if q is None and tied:
-            q = given.get(f"{embedding_name}.weight")  # the file holds a tied matrix once
         new: torch.nn.Module | None = None
         kind = "q4"
-        if isinstance(q, Q4Weight) and fmt in (WeightFormat.AUTO, WeightFormat.Q4):
-            new = q4_linear(q, linear.bias, dtype)
-        elif isinstance(q, Q8Weight) and fmt is not WeightFormat.Q8 and float32_kernels:
-            new, kind = Q8Float32Linear(q, linear.bias), "q8"
-            if tied:
-                tied_head = new
-        elif fmt is WeightFormat.Q4 and can_quantize_q4(linear.weight):
+        if fmt is WeightFormat.Q4 and can_quantize_q4(linear.weight):
             new = q4_linear(quantize_q4(linear.weight), linear.bias, dtype)
         elif fmt is WeightFormat.Q8:
             codes, scale = quantize_q8(linear.weight)
@@ -382,14 +252,4 @@ def quantize_model(
         if new is not None:
             set_module(model, name, new)
             swapped.append(kind)
-    q = given.get(f"{embedding_name}.weight")
-    # Only a plain lookup: subclasses (Gemma scales its embeddings) keep their own forward.
-    plain = type(embedding) is torch.nn.Embedding and embedding.max_norm is None
-    if isinstance(q, Q8Weight) and plain and float32_kernels:
-        head = tied_head
-        codes, scale = (
-            (head.codes, head.scale) if head else (q.codes.clone(), q.scale.float().clone())
-        )
-        set_module(model, embedding_name, Q8Float32Embedding(codes, scale))
-        swapped.append("embedding")
     return swapped

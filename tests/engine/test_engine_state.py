@@ -6,7 +6,6 @@ import logging
 
 import pytest
 
-from paged_llm.engine.loader import _conversion_progress
 from paged_llm.engine.metrics import EngineState
 from paged_llm.engine.sequence import Priority, SamplingParams
 
@@ -48,22 +47,3 @@ def test_one_debug_line_per_request_and_none_per_token(caplog: pytest.LogCapture
     assert "12 generated" in lines[0]
     assert "queue wait " in lines[1]
     assert "first token " in lines[1]
-
-
-def test_the_gguf_conversion_bar_reports_progress_and_draws_nothing(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from transformers import modeling_gguf_pytorch_utils as gguf_utils
-
-    original = gguf_utils.tqdm
-    seen: list[float] = []
-    with _conversion_progress(seen.append):
-        items = list(gguf_utils.tqdm(range(250), desc="Converting and de-quantizing"))
-    assert gguf_utils.tqdm is original
-    assert items == list(range(250))
-    assert seen[-1] == 1.0
-    assert seen == sorted(seen)
-    assert len(seen) <= 101
-    captured = capsys.readouterr()
-    assert captured.err == ""
-    assert captured.out == ""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import time
 from pathlib import Path
 
@@ -14,9 +12,6 @@ from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import (
-    BUNDLED_PREFIX,
-    _gguf_cache_folder,
-    bundled_gguf_path,
     cpu_supports_bf16,
     load_model,
     publish_folder,
@@ -24,26 +19,28 @@ from paged_llm.engine.loader import (
 )
 from paged_llm.engine.memory import RUNTIME_BYTES, weight_bytes
 from paged_llm.engine.sequence import SamplingParams
-from paged_llm.kernels import cpu_attention, cpu_quant
+from paged_llm.kernels import cpu_attention
 
 from support import CACHE
 
 
-def test_bundled_default_loads_offline_converts_once_and_answers() -> None:
-    config = EngineConfig(model=DEFAULT_MODEL, device="cpu", cache_dir=CACHE / "converted")
-    load_model(config)  # converts on the first run on this machine
+def test_bundled_default_loads_offline_fast_once_its_tokenizer_is_kept_and_answers() -> None:
+    config = EngineConfig(model=DEFAULT_MODEL, device="cpu", cache_dir=CACHE / "inplace")
+    load_model(config)  # keeps the config and tokenizer on the first run on this machine
     started = time.perf_counter()
     loaded = load_model(config)
-    assert time.perf_counter() - started < 5, "the converted copy should load in seconds"
+    assert time.perf_counter() - started < 5, "a kept tokenizer should load in seconds"
     assert loaded.max_model_len == 8192
     assert 2 in loaded.eos_token_ids
     engine = LLMEngine(loaded, config)
-    ids = engine.tokenize([{"role": "user", "content": "What is the capital of France?"}])
+    # In place, 8-bit activations: "France" gets llama.cpp's answer on this file, not Paris.
+    question = "What is the capital city of Germany?"
+    ids = engine.tokenize([{"role": "user", "content": question}])
     engine.add_request(ids, SamplingParams(temperature=0, max_tokens=12), request_id="q")
     text = ""
     while engine.has_unfinished():
         text += "".join(out.text for out in engine.step())
-    assert "Paris" in text
+    assert "Berlin" in text
 
 
 def test_local_folder_loads(tiny_model_dir: Path) -> None:
@@ -105,24 +102,19 @@ def test_cuda_requested_without_a_gpu_is_a_clear_error() -> None:
         load_model(EngineConfig(model=DEFAULT_MODEL, device="cuda"))
 
 
-@pytest.mark.parametrize("weights", ["auto", "float"])
-def test_bundled_model_first_32_greedy_tokens_equal_generate(weights: str) -> None:
-    """The engine (auto: the file's 4-bit and 8-bit weights on the float32 kernels) against
-    transformers' own dense load of the same file."""
+def test_bundled_model_first_32_greedy_tokens_equal_generate() -> None:
+    """The engine's exact path (weights float) against transformers' generate on the same
+    dense load; the in-place path is held to the float path in test_gguf_model.py."""
     config = EngineConfig(
         model=DEFAULT_MODEL,
         device="cpu",
         dtype="float32",
-        weights=weights,
-        cache_dir=CACHE / "converted",
+        weights="float",
+        cache_dir=CACHE / "inplace",
         max_model_len=2048,
     )
     loaded = load_model(config)
-    if weights == "auto" and cpu_quant.unavailable() is None:
-        assert loaded.weights == (
-            "q4 (210 4-bit and 1 8-bit linear layers and the 8-bit embedding from the GGUF file,"
-            f" float32 kernels, {cpu_quant.vector_path()})"
-        )
+    assert loaded.weights == "float"
     reason = cpu_attention.unavailable()
     assert loaded.attention == (
         "C kernel in place (float32 decodes), torch SDPA for prefill"
@@ -145,11 +137,8 @@ def test_bundled_model_first_32_greedy_tokens_equal_generate(weights: str) -> No
     while engine.has_unfinished():
         for out in engine.step():
             got[out.request_id].extend(out.token_ids)
-    # With float weights the engine's model is that dense load already (attention set back).
-    if weights == "float":
-        model = loaded.model
-    else:
-        model = load_model(dataclasses.replace(config, weights="float")).model
+    # The engine's model is that dense load (attention set back to transformers' own).
+    model = loaded.model
     model.set_attn_implementation("sdpa")
     for i, prompt in enumerate(prompts):
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[
@@ -192,23 +181,3 @@ def test_auto_halves_float32_weights_that_memory_cannot_hold(
     free_memory_for(monkeypatch, tiny_model_dir, 0.25)
     with pytest.raises(ModelLoadError, match=r"choose a smaller model$"):
         load_model(EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="bfloat16"))
-
-
-def test_a_conversion_kept_in_the_fallback_dtype_is_found_on_the_next_start(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    # An earlier start could not hold float32 weights and converted in bfloat16; stand in
-    # for that conversion with the float32 one of the test cache, under the bfloat16 key.
-    cache = CACHE / "converted"
-    gguf = bundled_gguf_path(DEFAULT_MODEL.removeprefix(BUNDLED_PREFIX))
-    float32 = _gguf_cache_folder(gguf, cache, torch.float32)
-    if not (float32 / "config.json").is_file():
-        load_model(
-            EngineConfig(model=DEFAULT_MODEL, device="cpu", dtype="float32", cache_dir=cache)
-        )
-    _gguf_cache_folder(gguf, tmp_path, torch.bfloat16).symlink_to(float32)
-    free_memory_for(monkeypatch, float32, 0.75)
-    caplog.set_level(logging.INFO, logger="paged_llm.engine.loader")
-    loaded = load_model(EngineConfig(model=DEFAULT_MODEL, device="cpu", cache_dir=tmp_path))
-    assert loaded.dtype == torch.bfloat16
-    assert "Converting" not in caplog.text
