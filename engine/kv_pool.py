@@ -6,7 +6,7 @@ from .config import EngineConfig
 from .errors import KVBudgetError
 from .loader import LoadedModel
 from .memory import available_memory
-from .model_runner import kv_bytes_per_block
+from .model_runner import config_kv_dtype, kv_bytes_per_block
 from .utils import cdiv
 
 # With max_model_len unset, a pool smaller than this many tokens is an error at start.
@@ -20,7 +20,9 @@ def _mib(num_bytes: int) -> str:
 
 def plan_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
     """Return (number of KV blocks, max model length) for the budget, or raise KVBudgetError."""
-    per_block = kv_bytes_per_block(loaded.model.config, config.block_size, loaded.dtype)
+    per_block = kv_bytes_per_block(
+        loaded.model.config, config.block_size, config_kv_dtype(config, loaded)
+    )
     if config.kv_budget > 1:
         budget = int(config.kv_budget)
     else:

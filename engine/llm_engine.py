@@ -19,7 +19,7 @@ from .kv_cache_manager import KVCacheManager
 from .kv_pool import plan_kv_pool
 from .loader import LoadedModel, load_model
 from .metrics import EngineState, MetricsRecorder, MetricsSnapshot
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, config_kv_dtype
 from .outputs import RequestOutput, RequestTiming, StepTrace
 from .scheduler import Scheduler
 from .sequence import FinishReason, Priority, SamplingParams, Sequence
@@ -66,7 +66,13 @@ class LLMEngine:
         self.scheduler = Scheduler(
             config.scheduler_config(self.max_model_len), self.kv_manager, clock=clock
         )
-        self.runner = ModelRunner(loaded, num_blocks, config.block_size, config.attention_backend)
+        self.runner = ModelRunner(
+            loaded,
+            num_blocks,
+            config.block_size,
+            config.attention_backend,
+            kv_dtype=config_kv_dtype(config, loaded),
+        )
         self.structured = StructuredOutput(
             loaded.tokenizer, int(loaded.model.config.vocab_size), loaded.eos_token_ids
         )

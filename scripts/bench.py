@@ -58,7 +58,7 @@ from paged_llm.engine.config import (
     KVLayout,
 )
 from paged_llm.engine.loader import load_model
-from paged_llm.engine.model_runner import kv_bytes_per_block
+from paged_llm.engine.model_runner import kv_bytes_per_block, resolve_kv_dtype
 
 
 def run_llama_cpp(workload: list[Any], rounds: int) -> dict[str, Any]:
@@ -196,7 +196,8 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     # A budget in blocks holds the same tokens whatever dtype ``auto`` picked on this CPU.
-    args.kv_bytes = args.kv_blocks * kv_bytes_per_block(loaded.model.config, 16, loaded.dtype)
+    kv_dtype = resolve_kv_dtype("auto", loaded.device, loaded.dtype, loaded.weights)
+    args.kv_bytes = args.kv_blocks * kv_bytes_per_block(loaded.model.config, 16, kv_dtype)
     workload = build_workload(loaded.tokenizer, mode, args.seed)
     counts = {c: sum(r.priority == c for r in workload) for c in CLASSES}
     lengths = [len(r.prompt_ids) for r in workload]

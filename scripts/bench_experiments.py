@@ -22,7 +22,7 @@ from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManage
 from paged_llm.engine.kv_cache_manager import KVCacheManager
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import LoadedModel
-from paged_llm.engine.model_runner import kv_bytes_per_block
+from paged_llm.engine.model_runner import config_kv_dtype, kv_bytes_per_block
 from paged_llm.engine.scheduler import Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.utils import cdiv
@@ -178,7 +178,8 @@ def overhead_experiment(
         # Long enough that the first sequences still decode when the last prefill ends,
         # so there are steps where all n decode together; and room for all of them.
         new_tokens = 24 + (n * prompt) // config.max_num_batched_tokens + 8
-        per_block = kv_bytes_per_block(loaded.model.config, config.block_size, loaded.dtype)
+        kv_dtype = config_kv_dtype(config, loaded)
+        per_block = kv_bytes_per_block(loaded.model.config, config.block_size, kv_dtype)
         blocks = cdiv(prompt + new_tokens, config.block_size)
         config.kv_budget = max(config.kv_budget, (blocks * n + 8) * per_block)
         engine = LLMEngine(loaded, config)

@@ -222,10 +222,6 @@ def test_a_16_bit_pool_holds_twice_the_blocks_of_a_budget() -> None:
         assert pool_bytes == budget
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine/kv_pool.py and engine/llm_engine.py do not pass config_kv_dtype yet",
-)
 def test_the_engine_sizes_and_allocates_its_pool_in_the_configured_dtype() -> None:
     per_block = kv_bytes_per_block(tiny_config("llama", 512), 16, torch.float32)
     wide = make_engine("llama", kv_budget=64 * per_block)
