@@ -275,6 +275,7 @@ int main(void)
             for (size_t b = 0; b < 3; b++)
                 check_product(small[i], outs[b], small_k[a], 0);
         check_product(small[i], 5, 288, 1);
+        check_product(small[i], 7, 8192, 0); /* rows long enough to go span by span */
         check_activations(small[i], 2080);
         check_activations(small[i], 96);
     }
@@ -283,6 +284,7 @@ int main(void)
             for (size_t b = 0; b < 3; b++)
                 check_product(super[i], outs[b], super_k[a], 0);
         check_product(super[i], 5, 512, 1);
+        check_product(super[i], 7, 8192, 0);
         check_activations(super[i], 2816);
         check_activations(super[i], 256);
     }
