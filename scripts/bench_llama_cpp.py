@@ -1,8 +1,8 @@
 """Builds llama.cpp's ``llama-server`` from the llama-cpp-python sdist and runs it as a peer.
 
 ``python scripts/bench_llama_cpp.py build`` downloads the sdist with pip (a package registry),
-builds only the server target (Release, -j2, nice) and caches the binary under
-``.cache/llama.cpp/``; later calls return the cached binary at once. When cmake or a C++
+builds only the server and quantize targets (Release, -j2, nice) and caches the binaries
+under ``.cache/llama.cpp/``; later calls return the cached binary at once. When cmake or a C++
 compiler is missing, :func:`build_server` returns None and :func:`skip_reason` says why.
 """
 
@@ -41,6 +41,11 @@ def server_path() -> Path:
     return CACHE / "build" / "bin" / "llama-server"
 
 
+def quantize_path() -> Path:
+    """Where the cached llama-quantize binary lives once built (by :func:`build_server`)."""
+    return CACHE / "build" / "bin" / "llama-quantize"
+
+
 def _source_dir(log: object = print) -> Path:
     """Download and unpack the sdist once; return its vendored llama.cpp source folder."""
     existing = sorted(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"))
@@ -66,9 +71,13 @@ def _source_dir(log: object = print) -> Path:
 
 
 def build_server(jobs: int = 2, log: object = print) -> Path | None:
-    """The llama-server binary, built (Release, server target only) and cached on first use."""
+    """The llama-server binary, built (Release, server and quantize targets), cached on first use.
+
+    ``llama-quantize`` (:func:`quantize_path`) comes from the same build: the GGUF benchmark
+    makes its Q4/Q8 files with llama.cpp's own quantizer.
+    """
     binary = server_path()
-    if binary.exists():
+    if binary.exists() and quantize_path().exists():
         return binary
     reason = skip_reason()
     if reason is not None:
@@ -76,7 +85,7 @@ def build_server(jobs: int = 2, log: object = print) -> Path | None:
         return None
     source = _source_dir(log)
     build = CACHE / "build"
-    log(f"llama.cpp: building llama-server from {source} (several minutes on 2 cores)")  # type: ignore[operator]
+    log(f"llama.cpp: building llama-server and llama-quantize from {source} (minutes on 2 cores)")  # type: ignore[operator]
     configure = [
         "cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
         "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
@@ -93,6 +102,7 @@ def build_server(jobs: int = 2, log: object = print) -> Path | None:
             str(build),
             "--target",
             "llama-server",
+            "llama-quantize",
             "-j",
             str(jobs),
         ],

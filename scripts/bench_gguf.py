@@ -1,0 +1,596 @@
+"""paged-llm beside llama.cpp's llama-server on the same GGUF files, 2 threads each.
+
+For every (shape, format) file from ``gguf_models.py`` (random weights of real shapes:
+speed and memory depend on shapes and formats, not on weights) both servers run one after
+the other, each a fresh process, and each is measured the same way:
+
+- load: process start to ``/health`` 200, and the bytes it wrote to disk meanwhile
+  (paged-llm's cache folder, a fresh temporary one per run; llama.cpp writes none);
+- decode tokens/s of one request, and of 32 requests at once (as
+  ``bench_llama_cpp.decode_rate`` counts: the tokens after each first token, from the
+  moment the last request had its first token), greedy and ignoring EOS;
+- time to first token after a 60-token and after a 1,500-token prompt, every prompt
+  fresh (its first token differs from every other, so no cached prefix helps);
+- peak resident memory (VmHWM) of the server process, both with the same KV cache:
+  ``KV_TOKENS`` tokens of context (llama.cpp's ``-c``, one cache shared by 32 slots) and
+  the bytes of that many tokens for paged-llm's ``--kv-budget`` with the same context
+  length (``--max-model-len``), float16 K and V on both where paged-llm has
+  ``--kv-cache-dtype``, as llama.cpp's default;
+- both tools' versions, and what paged-llm says about its weights.
+
+Prints a markdown table per file with ours / llama.cpp ratios, writes
+``bench_results/gguf-<timestamp>.json`` and the plots ``docs/img/gguf_decode.png`` and
+``docs/img/gguf_ttft.png``. Usage:
+``.venv/bin/python scripts/bench_gguf.py [--shapes 360m,1.7b,qwen1.5b]
+[--formats Q4_0,Q4_K_M,Q8_0] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench_llama_cpp import (
+    LlamaServer,
+    _free_port,
+    _peak_rss,
+    build_server,
+    skip_reason,
+    stream_completion,
+)
+from gguf_models import FORMATS, SHAPES, Shape, ensure_models, parse_list, shape_of
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGED_LLM = ROOT / ".venv" / "bin" / "paged-llm"
+THREADS = 2
+KV_TOKENS = 8192  # one context of 8k tokens, shared by 32 slots: 32 x (16 + 128) fits
+LLAMA_KV_BYTES = 2  # llama.cpp's default K and V cache type is f16
+SYSTEMS = ("llama.cpp", "paged-llm")
+# (key, label, higher is better): the table's rows and the ratios' sense.
+METRICS: tuple[tuple[str, str, bool], ...] = (
+    ("decode1_tps", "decode tok/s, 1 request", True),
+    ("decode32_tps", "decode tok/s, 32 at once", True),
+    ("ttft60_s", "TTFT, 60-token prompt (s)", False),
+    ("ttft1500_s", "TTFT, 1,500-token prompt (s)", False),
+    ("peak_rss_bytes", "peak RSS (MiB)", False),
+    ("load_s", "load, start to /health 200 (s)", False),
+    ("disk_bytes", "bytes written during load (MiB)", False),
+)
+SHORT_PROMPT = 16  # tokens of the decode requests' prompts
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How much work each measurement does."""
+
+    tokens: int = 128
+    batch: int = 32
+    ttft_lengths: tuple[int, ...] = (60, 1500)
+    ttft_repeats: int = 3
+    kv_tokens: int = KV_TOKENS
+    threads: int = THREADS
+
+
+QUICK = Plan(tokens=32, ttft_repeats=1)
+
+
+class Prompts:
+    """Seeded random prompts, each starting with a token no other prompt starts with.
+
+    A new first token defeats both servers' prefix caches; the same seed gives both
+    systems the same prompts in the same order.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        """Start the sequence; ids stay inside SmolLM2's 49,152 real tokens."""
+        self.rng = random.Random(seed)
+        self.count = 0
+
+    def fresh(self, length: int) -> list[int]:
+        """A prompt of ``length`` tokens whose first token is new."""
+        first = 1000 + self.count  # past the special tokens, never repeated in a run
+        self.count += 1
+        return [first, *(self.rng.randrange(1000, 49000) for _ in range(length - 1))]
+
+
+def wait_healthy(process: subprocess.Popen[bytes], url: str, timeout: float) -> None:
+    """Poll ``/health`` every 50 ms until it answers 200 (503 means still loading).
+
+    paged-llm keeps serving after its engine failed to start, answering 503 with status
+    "failed": that ends the wait at once.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with status {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
+                if reply.status == 200:
+                    return
+        except urllib.error.HTTPError as err:
+            body = err.read().decode(errors="replace")
+            if '"failed"' in body:
+                raise RuntimeError(f"the server failed to load: {body[:1000]}") from None
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"the server was not healthy within {timeout:.0f} s")
+
+
+def written_bytes(pid: int) -> int:
+    """Bytes a process has caused to be written to storage (/proc/PID/io), 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/io") as io:
+            for line in io:
+                if line.startswith("write_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def folder_bytes(folder: Path) -> int:
+    """Total size of the files under ``folder``."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+class TimedLlamaServer(LlamaServer):
+    """LlamaServer whose start is timed to the first /health 200 at 50 ms resolution."""
+
+    load_s: float = 0.0
+
+    def __enter__(self) -> TimedLlamaServer:
+        """Start the process and wait until it serves, timing it."""
+        started = time.monotonic()
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=self.log)
+        try:
+            wait_healthy(self.process, self.url, 600)
+        except RuntimeError as err:
+            tail = self.log_tail()  # read before __exit__ closes the log
+            self.__exit__(None, None, None)
+            raise RuntimeError(f"llama-server: {err}: {tail}") from err
+        self.load_s = time.monotonic() - started
+        return self
+
+
+def serve_flags() -> str:
+    """``paged-llm serve --help``: which flags this checkout's server has (no torch import)."""
+    return subprocess.run(
+        [str(PAGED_LLM), "serve", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+class PagedServer:
+    """``paged-llm serve`` on one GGUF file: 2 threads, a fresh cache folder, INFO log."""
+
+    def __init__(self, gguf: Path, shape: Shape, plan: Plan, cache_dir: Path, log: Path) -> None:
+        """Work out the command: the same context and KV tokens as llama.cpp gets."""
+        flags = serve_flags()
+        # float16 K and V as llama.cpp holds them, where this checkout can; else the
+        # engine's float32 pool, which then takes twice the bytes for the same tokens.
+        self.kv_dtype = "float16" if "--kv-cache-dtype" in flags else "float32"
+        self.kv_bytes = plan.kv_tokens * shape.kv_bytes_per_token(
+            2 if self.kv_dtype == "float16" else 4
+        )
+        self.port = _free_port()
+        self.command = [
+            str(PAGED_LLM), "serve", str(gguf), "--device", "cpu", "--weights", "auto",
+            "--kv-budget", str(self.kv_bytes), "--max-model-len", str(plan.kv_tokens),
+            "--max-num-seqs", str(plan.batch), "--cache-dir", str(cache_dir),
+            "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "INFO",
+        ]  # fmt: skip
+        if "--kv-cache-dtype" in flags:
+            self.command += ["--kv-cache-dtype", self.kv_dtype]
+        if "--threads" in flags:
+            self.command += ["--threads", str(plan.threads)]
+        threads = str(plan.threads)
+        # torch reads these at start; the machine has 2 cores, llama.cpp gets -t 2 -tb 2.
+        self.env = {
+            **os.environ,
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+        self.cache_dir = cache_dir
+        self.log_path = log
+        self.process: subprocess.Popen[bytes] | None = None
+        self.load_s = 0.0
+
+    @property
+    def url(self) -> str:
+        """Base URL of the running server."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def peak_rss(self) -> int:
+        """The server's peak resident memory so far."""
+        return _peak_rss(self.process.pid) if self.process else 0
+
+    def log_text(self) -> str:
+        """The server's log so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def __enter__(self) -> PagedServer:
+        """Start the server and time it to /health 200 (it answers 503 while loading)."""
+        started = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env
+            )
+        try:
+            # A checkout that converts GGUF files at first load takes minutes: allow 30.
+            wait_healthy(self.process, self.url, 1800)
+        except RuntimeError as err:
+            self.__exit__(type(err), err, None)
+            raise RuntimeError(f"paged-llm serve: {err}: {self.log_text()[-2000:]}") from err
+        self.load_s = time.monotonic() - started
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """SIGTERM (no request is running, so it stops at once), then kill after 60 s."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                print("paged-llm serve ignored SIGTERM for 60 s: killed", file=sys.stderr)
+                self.process.kill()
+                self.process.wait()
+
+
+async def paged_completion(
+    session: Any, url: str, prompt_ids: list[int], max_tokens: int
+) -> tuple[float, float, int]:
+    """One greedy completion streamed from /v1/completions: (TTFT s, end-to-end s, tokens).
+
+    The first token's time is when the response headers arrive: the server opens its
+    stream only once the engine gave the request's first token, and a random model's
+    first tokens may decode to no text, which the server does not send.
+    """
+    body = {
+        "prompt": prompt_ids,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.monotonic()
+    tokens = 0
+    async with session.post(f"{url}/v1/completions", json=body) as reply:
+        reply.raise_for_status()
+        first = time.monotonic()
+        async for raw in reply.content:
+            data = raw.decode().removeprefix("data: ").strip()
+            if not data or data == "[DONE]":
+                continue
+            chunk = json.loads(data)
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+    end = time.monotonic()
+    return first - started, end - started, tokens
+
+
+Complete = Callable[[Any, str, list[int], int], Coroutine[Any, Any, tuple[float, float, int]]]
+
+
+async def measure(
+    url: str, complete: Complete, plan: Plan, prompts: Prompts, out: dict[str, Any]
+) -> None:
+    """Warm-up, TTFT at each prompt length, decode of 1 and of ``plan.batch`` requests.
+
+    Figures go into ``out`` as they come, so a failure late keeps the earlier ones.
+    """
+    import aiohttp
+
+    # A connection per request: llama-server (cpp-httplib) drops idle keep-alive
+    # connections after a few seconds, and a reused dead one fails the next request.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        started = time.monotonic()
+        await complete(session, url, prompts.fresh(SHORT_PROMPT), 8)
+        out["warmup_s"] = time.monotonic() - started
+        for length in plan.ttft_lengths:
+            times = [
+                (await complete(session, url, prompts.fresh(length), 2))[0]
+                for _ in range(plan.ttft_repeats)
+            ]
+            out[f"ttft{length}_s"] = statistics.median(times)
+            out[f"ttft{length}_all_s"] = times
+        ttft, e2e, n = await complete(session, url, prompts.fresh(SHORT_PROMPT), plan.tokens)
+        out["decode1_tps"] = (n - 1) / (e2e - ttft)
+        out["decode1_tokens"] = n
+        done = await asyncio.gather(
+            *(
+                complete(session, url, prompts.fresh(SHORT_PROMPT), plan.tokens)
+                for _ in range(plan.batch)
+            )
+        )
+        decoding = max(e for _, e, _ in done) - max(t for t, _, _ in done)
+        out["decode32_tps"] = sum(n - 1 for _, _, n in done) / decoding
+        out["decode32_tokens"] = sum(n for _, _, n in done)
+
+
+def quiet(label: str) -> dict[str, Any]:
+    """The machine's quiet check, with a warning line when others use the CPU."""
+    from bench_machine import quiet_check
+
+    check = quiet_check()
+    if not check["quiet"]:
+        print(
+            f"WARNING: the machine is busy before the {label} run "
+            f"({check['other_cpu_share']:.0%} CPU used by others, load {check['loadavg_1min']})"
+        )
+    return check
+
+
+def llama_version(binary: Path) -> str:
+    """``llama-server --version``'s line naming the build."""
+    run = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False)
+    lines = [ln for ln in (run.stdout + run.stderr).splitlines() if "version" in ln]
+    return lines[0].strip() if lines else "unknown"
+
+
+def paged_version(url: str) -> str:
+    """The server's ``/version`` and the checkout's commit (the code is what is measured)."""
+    with urllib.request.urlopen(f"{url}/version", timeout=5) as reply:
+        version = json.loads(reply.read())["version"]
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return f"{version} ({commit or 'no git'})"
+
+
+_WEIGHTS_LINE = re.compile(r"weight|linear|convert|ready in|kv blocks|dtype|attention", re.I)
+
+
+def run_llama(
+    binary: Path, gguf: Path, shape: Shape, plan: Plan, seed: int, result: dict[str, Any]
+) -> None:
+    """llama-server on ``gguf``: 32 slots sharing one ``kv_tokens`` cache, 2 threads."""
+    result["quiet"] = quiet("llama.cpp")
+    result["version"] = llama_version(binary)
+    result["weights"] = f"{gguf} (memory-mapped as stored)"
+    result["kv"] = {
+        "tokens": plan.kv_tokens,
+        "dtype": "f16",
+        "bytes": plan.kv_tokens * shape.kv_bytes_per_token(LLAMA_KV_BYTES),
+    }
+    with TimedLlamaServer(binary, gguf, plan.kv_tokens, plan.batch, plan.threads) as server:
+        assert server.process is not None
+        result["disk_bytes"] = 0  # it maps the file and writes nothing
+        result["written_bytes_proc"] = written_bytes(server.process.pid)
+        result["load_s"] = server.load_s
+        result["command"] = " ".join(server.command)
+        try:
+            asyncio.run(measure(server.url, stream_completion, plan, Prompts(seed), result))
+        finally:
+            result["peak_rss_bytes"] = server.peak_rss
+
+
+def run_paged(
+    gguf: Path, shape: Shape, plan: Plan, seed: int, out: Path, result: dict[str, Any]
+) -> None:
+    """``paged-llm serve`` on ``gguf`` with a fresh cache folder, removed afterwards."""
+    result["quiet"] = quiet("paged-llm")
+    log = out / f"paged-llm-{gguf.stem}.log"
+    result["log"] = str(log)
+    with tempfile.TemporaryDirectory(prefix="paged-llm-cache-") as tmp:
+        cache = Path(tmp)
+        server = PagedServer(gguf, shape, plan, cache, log)
+        result["kv"] = {"tokens": None, "dtype": server.kv_dtype, "bytes": server.kv_bytes}
+        result["command"] = " ".join(server.command)
+        try:
+            with server:
+                assert server.process is not None
+                result["load_s"] = server.load_s
+                result["disk_bytes"] = folder_bytes(cache)
+                result["written_bytes_proc"] = written_bytes(server.process.pid)
+                result["cache_dir_contents"] = {
+                    str(p.relative_to(cache)): p.stat().st_size
+                    for p in sorted(cache.rglob("*"))
+                    if p.is_file() and p.stat().st_size > 2**20
+                }
+                result["version"] = paged_version(server.url)
+                try:
+                    measure_run = measure(server.url, paged_completion, plan, Prompts(seed), result)
+                    asyncio.run(measure_run)
+                finally:
+                    result["peak_rss_bytes"] = server.peak_rss
+        finally:
+            text = server.log_text()
+            result["weights"] = [
+                ln.strip()[:300] for ln in text.splitlines() if _WEIGHTS_LINE.search(ln)
+            ][:12]
+            if blocks := re.search(r"(\d+) KV blocks of (\d+) tokens", text):
+                result["kv"]["tokens"] = int(blocks[1]) * int(blocks[2])
+
+
+def ratio(ours: float | None, theirs: float | None) -> float | None:
+    """ours / llama.cpp, or None where either is missing or llama.cpp's is zero."""
+    if ours is None or theirs is None or theirs == 0:
+        return None
+    return ours / theirs
+
+
+def ratios(entry: dict[str, Any]) -> dict[str, float | None]:
+    """Every metric's ours / llama.cpp for one file's entry (either side may have failed)."""
+    ours = entry["systems"].get("paged-llm", {})
+    theirs = entry["systems"].get("llama.cpp", {})
+    return {key: ratio(ours.get(key), theirs.get(key)) for key, _, _ in METRICS}
+
+
+def _shown(key: str, value: float | None) -> str:
+    """A metric's value as the table shows it."""
+    if value is None:
+        return "-"
+    if key.endswith("_bytes"):
+        return f"{value / 2**20:,.0f}"
+    if key.endswith("_tps"):
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def table(entry: dict[str, Any]) -> str:
+    """One file's markdown table: both systems, the ratio and which way is better."""
+    systems = entry["systems"]
+    title = f"### {entry['shape_name']} {entry['format']} ({entry['file_bytes'] / 2**20:,.0f} MiB)"
+    lines = [
+        title,
+        "",
+        "| metric | llama.cpp | paged-llm | ours / llama.cpp | better |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    shares = ratios(entry)
+    for key, label, higher in METRICS:
+        r = shares[key]
+        lines.append(
+            f"| {label} | {_shown(key, systems.get('llama.cpp', {}).get(key))} "
+            f"| {_shown(key, systems.get('paged-llm', {}).get(key))} "
+            f"| {'-' if r is None else f'{r:.2f}'} | {'higher' if higher else 'lower'} |"
+        )
+    for name in SYSTEMS:
+        if error := systems.get(name, {}).get("error"):
+            lines.append(f"\n{name} failed: {error[:500]}")
+    kv = {name: systems.get(name, {}).get("kv") for name in SYSTEMS}
+    lines.append(
+        f"\nKV cache on both: {entry['kv_tokens']} tokens of context, 32 sequences "
+        + "; ".join(
+            f"{name} {v['dtype']} {v['bytes'] / 2**20:,.0f} MiB" for name, v in kv.items() if v
+        )
+    )
+    return "\n".join(lines)
+
+
+def plot(entries: list[dict[str, Any]], img: Path) -> list[Path]:
+    """Bar charts: decode tok/s (1 and 32 at once) and TTFT (60 and 1,500 tokens) per file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    img.mkdir(parents=True, exist_ok=True)
+    labels = [f"{e['shape_name']}\n{e['format']}" for e in entries]
+    written = []
+    for name, keys, ylabel, log in (
+        ("gguf_decode.png", ("decode1_tps", "decode32_tps"), "decode tokens/s", False),
+        ("gguf_ttft.png", ("ttft60_s", "ttft1500_s"), "time to first token (s)", True),
+    ):
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(entries) + 2), 4.2))
+        width = 0.2
+        bars = [(system, key) for key in keys for system in SYSTEMS]
+        for i, (system, key) in enumerate(bars):
+            values = [e["systems"].get(system, {}).get(key) or 0.0 for e in entries]
+            xs = [x + (i - (len(bars) - 1) / 2) * width for x in range(len(entries))]
+            what = next(label for k, label, _ in METRICS if k == key)
+            ax.bar(xs, values, width, label=f"{system}: {what}")
+        ax.set_xticks(range(len(entries)), labels)
+        ax.set_ylabel(ylabel)
+        if log and any(p.get_height() > 0 for p in ax.patches):
+            ax.set_yscale("log")
+        ax.set_title(f"{ylabel}, {THREADS} threads, same GGUF file")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(img / name, dpi=110)
+        plt.close(fig)
+        written.append(img / name)
+    return written
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import platform
+
+    from bench_machine import cpu_name
+
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
+
+
+def main() -> None:
+    """Command line: make the files that are missing, run both systems on each, report."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shapes", default=None, help="comma-separated, default all")
+    parser.add_argument("--formats", default=None, help="comma-separated, default all")
+    parser.add_argument("--quick", action="store_true", help="32 tokens, 360m Q4_0 only")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench_results")
+    parser.add_argument("--img", type=Path, default=ROOT / "docs" / "img")
+    args = parser.parse_args()
+    plan = QUICK if args.quick else Plan()
+    default_shapes, default_formats = ("360m", "Q4_0") if args.quick else (None, None)
+    shapes = parse_list(args.shapes or default_shapes or ",".join(SHAPES), SHAPES, "shapes")
+    formats = parse_list(args.formats or default_formats or ",".join(FORMATS), FORMATS, "formats")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    binary = build_server()
+    if binary is None:
+        raise SystemExit(skip_reason())
+    files = ensure_models(shapes, formats, args.seed)
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "started": stamp,
+        "machine": machine(),
+        "plan": asdict(plan),
+        "quick": args.quick,
+        "files": [],
+    }
+    path = args.out / f"gguf-{stamp}.json"
+    for (key, fmt), gguf in files.items():
+        shape, _ = shape_of(gguf)
+        entry: dict[str, Any] = {
+            "shape": key,
+            "shape_name": shape.name,
+            "format": fmt,
+            "file": str(gguf),
+            "file_bytes": gguf.stat().st_size,
+            "kv_tokens": plan.kv_tokens,
+            "systems": {},
+        }
+        for name in SYSTEMS:
+            print(f"{shape.name} {fmt}: {name} ...", flush=True)
+            result: dict[str, Any] = {}
+            entry["systems"][name] = result
+            try:
+                if name == "llama.cpp":
+                    run_llama(binary, gguf, shape, plan, args.seed, result)
+                else:
+                    run_paged(gguf, shape, plan, args.seed, args.out, result)
+            except Exception as err:  # one failure must not lose the other figures
+                result["error"] = f"{type(err).__name__}: {err}"
+        entry["ratios"] = ratios(entry)
+        report["files"].append(entry)
+        path.write_text(json.dumps(report, indent=1) + "\n")  # after each file: partial runs
+        print(table(entry), "\n", flush=True)
+    images = plot(report["files"], args.img)
+    print(f"wrote {path} and {', '.join(str(p) for p in images)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,363 @@
+"""Random-weight GGUF models of the shapes people run, made with llama.cpp's own tools.
+
+Speed and memory depend on a model's shapes and its weight format, not on its weights, so
+the GGUF benchmark needs no download: for each shape a transformers model is built from a
+config with seeded random normal weights (std 0.02), saved as bf16 safetensors with
+SmolLM2's tokenizer (taken from the bundled model: there is no Hub here), converted with
+llama.cpp's ``convert_hf_to_gguf.py --outtype bf16`` and quantized with ``llama-quantize``.
+Everything is cached under ``.cache/models/``; a file that exists is not made again.
+
+``python scripts/gguf_models.py [--shapes 360m,1.7b,qwen1.5b] [--formats Q4_0,Q4_K_M,Q8_0]``
+prints the paths of the quantized files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / ".cache" / "models"
+FORMATS = ("Q4_0", "Q4_K_M", "Q8_0")
+# The tokenizer of SmolLM2 135M, 360M and 1.7B is one and the same.
+TOKENIZER_SOURCE = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """One model's shape: what speed and memory depend on (the weights are random)."""
+
+    key: str
+    name: str
+    model_type: str
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    rope_theta: float
+    max_positions: int
+    rms_norm_eps: float
+    tied: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden // self.heads
+
+    def kv_bytes_per_token(self, element_bytes: int) -> int:
+        """Bytes one token's K and V take across all layers at ``element_bytes`` per value."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
+
+    def config_kwargs(self, tiny: bool = False) -> dict[str, Any]:
+        """The transformers config arguments; ``tiny`` keeps the kind but shrinks the sizes."""
+        scale = 16 if tiny else 1
+        kwargs: dict[str, Any] = {
+            "hidden_size": self.hidden // scale,
+            "intermediate_size": self.intermediate // scale,
+            "num_hidden_layers": 2 if tiny else self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "vocab_size": self.vocab // scale,
+            "tie_word_embeddings": self.tied,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_positions,
+            "rms_norm_eps": self.rms_norm_eps,
+            "initializer_range": 0.02,
+            "hidden_act": "silu",
+            # SmolLM2's tokenizer: <|im_start|> and <|im_end|> (also its eos).
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        }
+        if self.model_type == "llama":
+            kwargs["attention_bias"] = False
+            kwargs["mlp_bias"] = False
+        return kwargs
+
+    def config(self, tiny: bool = False) -> Any:
+        """A transformers config of this shape (``tiny``: the same kind, small enough to test)."""
+        from transformers import LlamaConfig, Qwen2Config
+
+        kind = {"llama": LlamaConfig, "qwen2": Qwen2Config}[self.model_type]
+        return kind(**self.config_kwargs(tiny))
+
+
+# From the real models' config.json files (HuggingFaceTB/SmolLM2-360M-Instruct,
+# HuggingFaceTB/SmolLM2-1.7B-Instruct, Qwen/Qwen2.5-1.5B-Instruct).
+SHAPES: dict[str, Shape] = {
+    "360m": Shape(
+        key="360m",
+        name="SmolLM2-360M",
+        model_type="llama",
+        hidden=960,
+        intermediate=2560,
+        layers=32,
+        heads=15,
+        kv_heads=5,
+        vocab=49152,
+        rope_theta=100000.0,
+        max_positions=8192,
+        rms_norm_eps=1e-5,
+    ),
+    "1.7b": Shape(
+        key="1.7b",
+        name="SmolLM2-1.7B",
+        model_type="llama",
+        hidden=2048,
+        intermediate=8192,
+        layers=24,
+        heads=32,
+        kv_heads=32,
+        vocab=49152,
+        rope_theta=130000.0,
+        max_positions=8192,
+        rms_norm_eps=1e-5,
+    ),
+    # Qwen2.5-1.5B's grouped-query shape (q/k/v biases come with the qwen2 kind) with
+    # SmolLM2's tokenizer: the converter pads the vocabulary to 151936 with unused tokens.
+    "qwen1.5b": Shape(
+        key="qwen1.5b",
+        name="Qwen2.5-1.5B-shape",
+        model_type="qwen2",
+        hidden=1536,
+        intermediate=8960,
+        layers=28,
+        heads=12,
+        kv_heads=2,
+        vocab=151936,
+        rope_theta=1000000.0,
+        max_positions=32768,
+        rms_norm_eps=1e-6,
+    ),
+}
+
+
+def parse_list(text: str, known: Iterable[str], what: str) -> list[str]:
+    """A comma-separated list checked against the known names."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})")
+    return names
+
+
+def model_dir(shape: Shape) -> Path:
+    """The folder of one shape's files."""
+    return MODELS / f"{shape.name}-random"
+
+
+def gguf_path(shape: Shape, fmt: str) -> Path:
+    """Where the ``fmt`` file (Q4_0, Q4_K_M, Q8_0 or BF16) of ``shape`` lives."""
+    return model_dir(shape) / f"{shape.name}-random-{fmt}.gguf"
+
+
+def llama_cpp_source() -> Path:
+    """The vendored llama.cpp source folder (unpacked by bench_llama_cpp on first use)."""
+    from bench_llama_cpp import _source_dir
+
+    return _source_dir()
+
+
+def _save_tokenizer(folder: Path) -> None:
+    """SmolLM2's tokenizer from the bundled GGUF, saved in transformers' format."""
+    from transformers import AutoTokenizer
+
+    from paged_llm.engine.loader import bundled_gguf_path
+
+    source = bundled_gguf_path(TOKENIZER_SOURCE)
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    tokenizer.save_pretrained(folder)
+
+
+def build_hf(shape: Shape, folder: Path, seed: int = 0, tiny: bool = False) -> Path:
+    """Save a random-weight bf16 model of ``shape`` plus its tokenizer into ``folder``.
+
+    transformers' own initialisation draws every linear and embedding weight from
+    normal(0, initializer_range = 0.02) and sets norms to one; the seed makes it repeatable.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(shape.config(tiny), dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    del model
+    _save_tokenizer(folder)
+    return folder
+
+
+def _run(command: list[str], log: Path, env: dict[str, str] | None = None) -> float:
+    """Run a tool niced (other work shares the cores), output to ``log``; return its seconds."""
+    started = time.monotonic()
+    with log.open("wb") as out:
+        done = subprocess.run(
+            ["nice", "-n", "10", *command], stdout=out, stderr=subprocess.STDOUT, env=env
+        )
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{Path(command[0]).name} failed ({done.returncode}):\n{tail}")
+    return time.monotonic() - started
+
+
+# transformers 5 loads the tokenizer of any qwen2 folder as Qwen2Tokenizer, whose own
+# pre-tokenizer regex replaces the saved one (qwen2 is in its "incorrect hub tokenizer class"
+# set), so the converter would hash Qwen's pre-tokenization and reject SmolLM2's vocabulary.
+# Taking qwen2 out of that set loads tokenizer.json as saved; the converter then identifies
+# it by itself ("smollm", the same hash as for the llama shapes). Nothing else changes.
+_CONVERT = (
+    "import runpy, sys\n"
+    "from transformers.models.auto import tokenization_auto\n"
+    "tokenization_auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS.discard('qwen2')\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+
+def convert(hf: Path, out: Path) -> float:
+    """llama.cpp's convert_hf_to_gguf.py, bf16 out; returns its wall time."""
+    source = llama_cpp_source()
+    # Run through runpy (see _CONVERT), so its own folder (conversion/) and its gguf-py go
+    # on the path the way ``python convert_hf_to_gguf.py`` would put them.
+    path = os.pathsep.join([str(source), str(source / "gguf-py")])
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
+    command = [
+        sys.executable,
+        "-c",
+        _CONVERT,
+        str(source / "convert_hf_to_gguf.py"),
+        str(hf),
+        "--outtype",
+        "bf16",
+        "--outfile",
+        str(out),
+    ]
+    return _run(command, out.with_suffix(".convert.log"), env)
+
+
+def quantize(source: Path, out: Path, fmt: str, threads: int = 2) -> float:
+    """llama.cpp's llama-quantize on ``threads`` threads; returns its wall time."""
+    from bench_llama_cpp import build_server, quantize_path
+
+    if not quantize_path().exists() and build_server() is None:
+        raise SystemExit("llama-quantize is unavailable (see bench_llama_cpp.skip_reason)")
+    command = [str(quantize_path()), str(source), str(out), fmt, str(threads)]
+    return _run(command, out.with_suffix(".quantize.log"))
+
+
+def gguf_summary(path: Path) -> dict[str, Any]:
+    """What the converter wrote: architecture, vocabulary size, rope base, tensor types."""
+    from gguf import GGUFReader  # the project's own dependency reads it
+
+    reader = GGUFReader(path)
+    arch = str(reader.fields["general.architecture"].contents())
+    types: dict[str, int] = {}
+    for tensor in reader.tensors:
+        types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
+    return {
+        "architecture": arch,
+        "vocab_tokens": len(reader.fields["tokenizer.ggml.tokens"].contents()),
+        "pre_tokenizer": str(reader.fields["tokenizer.ggml.pre"].contents()),
+        "rope_freq_base": float(reader.fields[f"{arch}.rope.freq_base"].contents()),
+        "context_length": int(reader.fields[f"{arch}.context_length"].contents()),
+        "tensor_types": types,
+    }
+
+
+def ensure_models(
+    shapes: list[str],
+    formats: list[str],
+    seed: int = 0,
+    clean: bool = False,
+    log: Callable[[str], object] = print,
+) -> dict[tuple[str, str], Path]:
+    """Make every (shape, format) file that is missing; return all their paths.
+
+    Per shape, ``build.json`` records the seed, the tools' wall times and the file sizes.
+    ``clean`` removes the bf16 safetensors and GGUF once the quantized files exist.
+    """
+    paths: dict[tuple[str, str], Path] = {}
+    for key in shapes:
+        shape = SHAPES[key]
+        folder = model_dir(shape)
+        record_path = folder / "build.json"
+        record: dict[str, Any] = (
+            json.loads(record_path.read_text()) if record_path.exists() else {"seconds": {}}
+        )
+        missing = [fmt for fmt in formats if not gguf_path(shape, fmt).exists()]
+        if missing:
+            hf = folder / "hf"
+            bf16 = gguf_path(shape, "BF16")
+            if not bf16.exists():
+                if (
+                    not (hf / "model.safetensors").exists()
+                    and not (hf / "model.safetensors.index.json").exists()
+                ):
+                    log(f"{shape.name}: random bf16 weights (seed {seed})")
+                    started = time.monotonic()
+                    build_hf(shape, hf, seed)
+                    record["seconds"]["build_hf"] = round(time.monotonic() - started, 1)
+                log(f"{shape.name}: convert_hf_to_gguf.py --outtype bf16")
+                record["seconds"]["convert_bf16"] = round(convert(hf, bf16), 1)
+                record["bf16_summary"] = gguf_summary(bf16)
+            for fmt in missing:
+                log(f"{shape.name}: llama-quantize {fmt}")
+                record["seconds"][f"quantize_{fmt}"] = round(
+                    quantize(bf16, gguf_path(shape, fmt), fmt), 1
+                )
+            record.update(seed=seed, shape=asdict(shape))
+        summaries = record.setdefault("summaries", {})
+        for fmt in formats:
+            if fmt not in summaries and gguf_path(shape, fmt).exists():
+                summaries[fmt] = gguf_summary(gguf_path(shape, fmt))
+        record["bytes"] = {
+            p.name: p.stat().st_size for p in sorted(folder.glob("*.gguf")) if p.is_file()
+        }
+        folder.mkdir(parents=True, exist_ok=True)
+        record_path.write_text(json.dumps(record, indent=1) + "\n")
+        if clean and all(gguf_path(shape, fmt).exists() for fmt in formats):
+            shutil.rmtree(folder / "hf", ignore_errors=True)
+            gguf_path(shape, "BF16").unlink(missing_ok=True)
+        for fmt in formats:
+            paths[key, fmt] = gguf_path(shape, fmt)
+    return paths
+
+
+def shape_of(path: Path) -> tuple[Shape, str]:
+    """The shape and format a file made here has, from its name."""
+    for shape in SHAPES.values():
+        prefix = f"{shape.name}-random-"
+        if path.name.startswith(prefix) and path.suffix == ".gguf":
+            return shape, path.name.removeprefix(prefix).removesuffix(".gguf")
+    raise ValueError(f"{path} is not one of the files gguf_models.py makes")
+
+
+def main() -> None:
+    """Command line: make the files and print their paths."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--clean", action="store_true", help="delete the bf16 intermediates afterwards"
+    )
+    args = parser.parse_args()
+    shapes = parse_list(args.shapes, SHAPES, "shapes")
+    formats = parse_list(args.formats, FORMATS, "formats")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    for path in ensure_models(shapes, formats, args.seed, args.clean).values():
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
