@@ -129,6 +129,7 @@ def test_wheel_holds_only_the_namespaced_packages(wheel: Path) -> None:
     # The C kernels (4/8-bit products, decode attention) are compiled where the engine runs.
     assert "paged_llm/kernels/cpu_quant.c" in names
     assert "paged_llm/kernels/cpu_attention.c" in names
+    assert "paged_llm/kernels/gguf_kernels.c" in names
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "paged-llm = paged_llm.server.cli:main" in text
