@@ -65,6 +65,14 @@ class EngineHost:
             self.config.block_size,
             self.max_model_len,
         )
+        llm_engine = self.engine.engine
+        # What the engine made of the model, for a reader comparing runs or systems.
+        _LOGGER.info(
+            "Weights: %s; attention: %s; %s",
+            llm_engine.loaded.weights,
+            llm_engine.loaded.attention,
+            llm_engine.runner.kv_cache_text,
+        )
 
     async def stop(self) -> None:
         """Stop the engine and free the model and the pool."""
