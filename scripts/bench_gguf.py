@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -539,11 +540,17 @@ def main() -> None:
     parser.add_argument("--shapes", default=None, help="comma-separated, default all")
     parser.add_argument("--formats", default=None, help="comma-separated, default all")
     parser.add_argument("--quick", action="store_true", help="32 tokens, 360m Q4_0 only")
+    parser.add_argument("--tokens", type=int, help="decode tokens per request (default 128)")
+    parser.add_argument("--repeats", type=int, help="first-token repeats per length (default 3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench_results")
     parser.add_argument("--img", type=Path, default=ROOT / "docs" / "img")
     args = parser.parse_args()
     plan = QUICK if args.quick else Plan()
+    if args.tokens is not None:
+        plan = dataclasses.replace(plan, tokens=args.tokens)
+    if args.repeats is not None:
+        plan = dataclasses.replace(plan, ttft_repeats=args.repeats)
     default_shapes, default_formats = ("360m", "Q4_0") if args.quick else (None, None)
     shapes = parse_list(args.shapes or default_shapes or ",".join(SHAPES), SHAPES, "shapes")
     formats = parse_list(args.formats or default_formats or ",".join(FORMATS), FORMATS, "formats")
