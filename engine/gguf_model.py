@@ -178,7 +178,7 @@ def load_gguf_model(
     check_supported(config)
     dtype = fit(config) if not in_place else torch.float32
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
     processor, names = _name_map(file, model)
     if in_place:
         refuse_unsupported(file, names)
