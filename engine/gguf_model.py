@@ -32,12 +32,9 @@ from . import gguf_file
 from .architectures import check_supported
 from .errors import ModelLoadError
 from .gguf_file import GGUFFile, TensorInfo
-from .memory import available_memory
+from .memory import RUNTIME_BYTES, available_memory
 
 _LOGGER = logging.getLogger(__name__)
-
-# What a model needs beside its mapped weights: torch and transformers themselves.
-RUNTIME_BYTES = 1 << 30
 
 
 @dataclass(slots=True)
