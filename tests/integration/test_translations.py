@@ -1,4 +1,7 @@
-"""Strings: every flow step, error, entity, action and exception the code uses is translated."""
+"""Strings: every flow step, error, entity, action and exception the code uses is translated.
+
+Each shipped language holds exactly English's keys, with the same placeholders.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import string
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from homeassistant.util.package import is_installed, parse_requirement_safe
 
@@ -17,11 +21,24 @@ from custom_components.paged_llm.sensor import SENSORS
 INTEGRATION = Path(__file__).resolve().parents[2] / "custom_components" / "paged_llm"
 STRINGS = json.loads((INTEGRATION / "strings.json").read_text(encoding="utf-8"))
 SOURCES = {path.name: path.read_text(encoding="utf-8") for path in INTEGRATION.glob("*.py")}
+LANGUAGES = sorted(path.stem for path in (INTEGRATION / "translations").glob("*.json"))
 
 
 def _placeholders(message: str) -> set[str]:
     """The named placeholders of a translated message."""
     return {field for _, field, _, _ in string.Formatter().parse(message) if field}
+
+
+def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every value of a translation file by its dotted key path."""
+    leaves: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            leaves |= _leaves(value, f"{path}.")
+        else:
+            leaves[path] = value
+    return leaves
 
 
 def test_english_translation_equals_strings() -> None:
@@ -124,3 +141,26 @@ def test_manifest_requires_the_pinned_library() -> None:
     assert parse_requirement_safe(requirement).name == "paged-llm"
     assert manifest["iot_class"] == "local_push"
     assert set(manifest["dependencies"]) == {"ai_task", "conversation"}
+
+
+def test_the_promised_languages_are_shipped() -> None:
+    """German, Dutch, French, Spanish and Italian ship beside English."""
+    assert {"en", "de", "nl", "fr", "es", "it"} <= set(LANGUAGES)
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_each_language_has_englishs_keys_and_placeholders(language: str) -> None:
+    """A language file has exactly English's keys, each a text with English's placeholders."""
+    english = _leaves(STRINGS)
+    translated = _leaves(
+        json.loads((INTEGRATION / "translations" / f"{language}.json").read_text(encoding="utf-8"))
+    )
+    assert set(translated) == set(english), {
+        "missing": sorted(set(english) - set(translated)),
+        "extra": sorted(set(translated) - set(english)),
+    }
+    for path, message in translated.items():
+        assert isinstance(message, str), path
+        assert message.strip(), path
+        assert "[%key:" not in message, path
+        assert _placeholders(message) == _placeholders(english[path]), path
