@@ -304,55 +304,65 @@ static int blocks_in_pool(const int32_t *tables, int64_t table_width, const int6
     return 1;
 }
 
-/* out[rows[i], head, :] for each decoding sequence i: its query q[rows[i]] [heads, dim] over
- * keys first[i] .. lens[i] - 1 of the blocks in tables[seqs[i]] (row stride table_width) of
- * a pool of num_blocks blocks whose keys kc and values vc are of `kind` (KV_FLOAT32,
- * KV_FLOAT16, KV_BFLOAT16). softcap <= 0: none. dim must be a multiple of 16, at most
- * MAX_DIM. Returns 0; -1 when a shape or kind is beyond those limits or memory for the
- * partial sums is short (the caller then takes the torch path); -2, having read nothing,
- * when a block table names a block outside the pool. */
-int paged_decode(const float *q, const void *kc, const void *vc, int64_t kind,
-                 const int32_t *tables, int64_t table_width, int64_t num_blocks,
-                 const int64_t *seqs, const int64_t *rows, const int64_t *first,
-                 const int64_t *lens, int64_t n, int64_t heads, int64_t kv_heads, int64_t dim,
-                 int64_t block_size, float scale, float softcap, float *out)
+/* Cut each sequence's keys into spans of up to SPAN_BLOCKS blocks: sequence i's spans are
+ * starts[i] .. starts[i + 1] - 1 (starts holds n + 1 entries). Returns how many in all. */
+static int64_t decode_spans(const int64_t *first, const int64_t *lens, int64_t n,
+                            int64_t block_size, int64_t *starts)
 {
-    const int64_t group = heads / kv_heads;
-    if (dim % 16 || dim > MAX_DIM || group * kv_heads != heads)
-        return -1;
-    if (kind != KV_FLOAT32 && kind != KV_FLOAT16 && kind != KV_BFLOAT16)
-        return -1;
-    if (!blocks_in_pool(tables, table_width, seqs, first, lens, n, block_size, num_blocks))
-        return -2;
     const int64_t span = SPAN_BLOCKS * block_size;
-    int64_t *starts = malloc(sizeof(int64_t) * (n + 1));
-    if (!starts)
-        return -1;
     starts[0] = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t keys = lens[i] - first[i];
         starts[i + 1] = starts[i] + (keys > 0 ? (keys + span - 1) / span : 0);
     }
-    const int64_t tasks = starts[n];
-    const int64_t stride = dim + 2;
-    float *partials = malloc(sizeof(float) * (tasks * heads * stride + 1));
-    if (!partials) {
-        free(starts);
-        return -1;
+    return starts[n];
+}
+
+/* The sequence a span belongs to: the last i with starts[i] <= task (binary search, as a
+ * prefill step has a sequence per query row). */
+static inline int64_t span_owner(const int64_t *starts, int64_t n, int64_t task)
+{
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (starts[mid] <= task)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
-#pragma omp parallel for schedule(static) collapse(2)
+    return lo;
+}
+
+/* Each span's partial sums, heads * (dim + 2) floats a span, as a work-shared loop: inside a
+ * parallel region the threads split the spans, outside it one thread does them all. */
+static void decode_spans_for(const float *q, const void *kc, const void *vc, int64_t kind,
+                             const int32_t *tables, int64_t table_width, const int64_t *seqs,
+                             const int64_t *rows, const int64_t *first, const int64_t *lens,
+                             const int64_t *starts, int64_t n, int64_t heads, int64_t kv_heads,
+                             int64_t dim, int64_t block_size, float scale, float softcap,
+                             float *partials)
+{
+    const int64_t group = heads / kv_heads, span = SPAN_BLOCKS * block_size;
+    const int64_t tasks = starts[n], stride = dim + 2;
+#pragma omp for schedule(static) collapse(2)
     for (int64_t task = 0; task < tasks; task++)
         for (int64_t h = 0; h < kv_heads; h++) {
-            int64_t i = 0;
-            while (starts[i + 1] <= task)
-                i++;
+            const int64_t i = span_owner(starts, n, task);
             const int64_t begin = first[i] + (task - starts[i]) * span;
             const int64_t end = begin + span < lens[i] ? begin + span : lens[i];
             attend_span(q + rows[i] * heads * dim, kc, vc, (int)kind,
                         tables + seqs[i] * table_width, begin, end, h, group, kv_heads, dim,
                         block_size, scale, softcap, partials + (task * heads + h * group) * stride);
         }
-#pragma omp parallel for schedule(static) collapse(2)
+}
+
+/* Merge each sequence's spans into out[rows[i], head, :] (zeros for one with no keys), as a
+ * work-shared loop like decode_spans_for's. */
+static void decode_merge_for(const float *partials, const int64_t *rows, const int64_t *starts,
+                             int64_t n, int64_t heads, int64_t dim, float *out)
+{
+    const int64_t stride = dim + 2;
+#pragma omp for schedule(static) collapse(2)
     for (int64_t i = 0; i < n; i++)
         for (int64_t head = 0; head < heads; head++) {
             float *o = out + (rows[i] * heads + head) * dim;
@@ -377,6 +387,48 @@ int paged_decode(const float *q, const void *kc, const void *vc, int64_t kind,
             for (int64_t d = 0; d < dim; d++)
                 o[d] = sum > 0.0f ? o[d] / sum : 0.0f;
         }
+}
+
+/* Whether the shape and the pool's kind are within the kernel's limits. */
+static int decode_takes(int64_t kind, int64_t heads, int64_t kv_heads, int64_t dim)
+{
+    if (dim % 16 || dim > MAX_DIM || kv_heads <= 0 || heads % kv_heads)
+        return 0;
+    return kind == KV_FLOAT32 || kind == KV_FLOAT16 || kind == KV_BFLOAT16;
+}
+
+/* out[rows[i], head, :] for each decoding sequence i: its query q[rows[i]] [heads, dim] over
+ * keys first[i] .. lens[i] - 1 of the blocks in tables[seqs[i]] (row stride table_width) of
+ * a pool of num_blocks blocks whose keys kc and values vc are of `kind` (KV_FLOAT32,
+ * KV_FLOAT16, KV_BFLOAT16). softcap <= 0: none. dim must be a multiple of 16, at most
+ * MAX_DIM. Returns 0; -1 when a shape or kind is beyond those limits or memory for the
+ * partial sums is short (the caller then takes the torch path); -2, having read nothing,
+ * when a block table names a block outside the pool. */
+int paged_decode(const float *q, const void *kc, const void *vc, int64_t kind,
+                 const int32_t *tables, int64_t table_width, int64_t num_blocks,
+                 const int64_t *seqs, const int64_t *rows, const int64_t *first,
+                 const int64_t *lens, int64_t n, int64_t heads, int64_t kv_heads, int64_t dim,
+                 int64_t block_size, float scale, float softcap, float *out)
+{
+    if (!decode_takes(kind, heads, kv_heads, dim))
+        return -1;
+    if (!blocks_in_pool(tables, table_width, seqs, first, lens, n, block_size, num_blocks))
+        return -2;
+    int64_t *starts = malloc(sizeof(int64_t) * (n + 1));
+    if (!starts)
+        return -1;
+    const int64_t tasks = decode_spans(first, lens, n, block_size, starts);
+    float *partials = malloc(sizeof(float) * (tasks * heads * (dim + 2) + 1));
+    if (!partials) {
+        free(starts);
+        return -1;
+    }
+#pragma omp parallel
+    {
+        decode_spans_for(q, kc, vc, kind, tables, table_width, seqs, rows, first, lens, starts,
+                         n, heads, kv_heads, dim, block_size, scale, softcap, partials);
+        decode_merge_for(partials, rows, starts, n, heads, dim, out);
+    }
     free(partials);
     free(starts);
     return 0;

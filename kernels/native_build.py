@@ -1,4 +1,4 @@
-"""Build and load the engine's C kernels (cpu_quant.c, cpu_attention.c) with the machine's compiler.
+"""Build and load the engine's C kernels (gguf_kernels.c, cpu_attention.c, ...) on this machine.
 
 Each source is built with ``$CC``, cc, gcc or clang (``-O3 -march=native``, OpenMP when
 the compiler has it, sharing torch's runtime) into a cache folder, keyed by the source,
@@ -96,7 +96,7 @@ def build(compiler: str, build_dir: Path, source: Path, name: str) -> Path:
         [compiler, "--version"], capture_output=True, text=True, check=True, timeout=30
     ).stdout
     key = hashlib.sha256()
-    for part in (source.read_bytes(), compiler.encode(), version.encode(), cpu_flags()):
+    for part in (*sources(source), compiler.encode(), version.encode(), cpu_flags()):
         key.update(part)
     path = build_dir / f"{name}-{key.hexdigest()[:16]}.so"
     if path.is_file():
@@ -115,6 +115,25 @@ def build(compiler: str, build_dir: Path, source: Path, name: str) -> Path:
             os.replace(tmp, path)
             return path
     raise subprocess.SubprocessError(done.stderr.strip()[-500:] or f"exit {done.returncode}")
+
+
+def sources(source: Path) -> list[bytes]:
+    """The bytes of source and of every file it includes with quotes, at any depth.
+
+    A library built from one file that includes others (cpu_forward.c) is rebuilt when
+    any of them changes.
+    """
+    seen: list[Path] = []
+    todo = [source]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.append(path)
+        for line in path.read_text().splitlines():
+            if line.startswith('#include "'):
+                todo.append(path.with_name(line.split('"')[1]))
+    return [path.read_bytes() for path in seen]
 
 
 def cpu_flags() -> bytes:
