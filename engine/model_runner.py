@@ -14,6 +14,7 @@ from paged_llm.kernels import paged_attention, resolve_backend, store_kv
 
 from .config import KV_CACHE_DTYPES, EngineConfig
 from .loader import LoadedModel
+from .native_forward import NativeForward
 from .penalties import apply_penalties
 from .sampler import Sampler
 from .scheduler import SchedulerOutput
@@ -190,6 +191,12 @@ class ModelRunner:
             for _ in range(layers)
         ]
         self.model.set_attn_implementation(ATTENTION_NAME)
+        # The engine's own C forward where it runs the model (CPU, GGUF in place), else None
+        # and transformers' forward; tests set it to None to compare the two.
+        self.native: NativeForward | None = None
+        self.forward_text = "transformers' forward"
+        if self.device.type == "cpu":
+            self.native, self.forward_text = NativeForward.of(self.model, self.kv_caches)
         self.sampler = Sampler(self.device)
         # Grammar masks for constrained requests; the engine sets it (None: no masking).
         self.structured: StructuredOutput | None = None
@@ -246,13 +253,23 @@ class ModelRunner:
             keep = torch.from_numpy(cu[1:][sample_rows] - 1).to(dev)
         with torch.inference_mode():
             started = time.perf_counter()
-            logits = self.model(
-                input_ids=torch.tensor([ids], device=dev),
-                position_ids=torch.from_numpy(positions).unsqueeze(0).to(dev),
-                use_cache=False,
-                logits_to_keep=keep,
-                **{_METADATA_KWARG: meta},
-            ).logits[0]
+            if self.native is not None:
+                logits = self.native.forward(
+                    torch.tensor(ids),
+                    torch.from_numpy(positions),
+                    torch.from_numpy(seq_of_token),
+                    meta.slot_mapping,
+                    meta.block_tables,
+                    keep,
+                )
+            else:
+                logits = self.model(
+                    input_ids=torch.tensor([ids], device=dev),
+                    position_ids=torch.from_numpy(positions).unsqueeze(0).to(dev),
+                    use_cache=False,
+                    logits_to_keep=keep,
+                    **{_METADATA_KWARG: meta},
+                ).logits[0]
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             self.last_forward_s = time.perf_counter() - started

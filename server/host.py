@@ -68,10 +68,11 @@ class EngineHost:
         llm_engine = self.engine.engine
         # What the engine made of the model, for a reader comparing runs or systems.
         _LOGGER.info(
-            "Weights: %s; attention: %s; %s",
+            "Weights: %s; attention: %s; %s; %s",
             llm_engine.loaded.weights,
             llm_engine.loaded.attention,
             llm_engine.runner.kv_cache_text,
+            llm_engine.runner.forward_text,
         )
 
     async def stop(self) -> None:

@@ -1,0 +1,383 @@
+/* One packed step of a Llama-family decoder on the CPU, in one call (built by cpu_forward.py).
+ *
+ * transformers' modules cost a Python call, a tensor and a framework dispatch per operation:
+ * a decode step of a small model is mostly that, and the threads are woken and put back to
+ * sleep at every product. Here the whole stack runs inside one OpenMP parallel region: the
+ * threads split each operation (the products' output chunks, the rows of the norms, the
+ * attention's spans) and meet at a barrier after it, as llama.cpp's graph does.
+ *
+ * The layer is transformers' Llama decoder layer, operation for operation: RMSNorm (float32
+ * sums), the q/k/v products (GGUF matrices through gguf_kernels.c, each input quantized
+ * once per activation family), Qwen3's per-head q/k norms, rotary embeddings from the cos
+ * and sin the model's own rotary module worked out, K/V stored into the paged pool (float32,
+ * or float16/bfloat16 rounded to nearest even as torch rounds), causal paged attention
+ * (cpu_attention.c's spans, a sliding window where the layer has one), the output product
+ * added to the residual, RMSNorm, SiLU(gate) * up, and the down product added. Every query
+ * row attends as a decode does: a prompt's row i reads keys 0..i of its sequence, those of
+ * this step included (stored before any row reads them). The last norm and the head run on
+ * the rows that sample only.
+ */
+#include "gguf_kernels.c"
+#include "cpu_attention.c"
+
+/* A GGUF weight matrix [n, k] in its file's blocks; output i is file row order[i] when order
+ * is set (llama.cpp's order of Llama's q and k rows), plus bias[i] when bias is set. */
+typedef struct {
+    const uint8_t *w;
+    const float *bias;
+    const int64_t *order;
+    int64_t type, n, k;
+} cf_matrix;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm;
+    const float *q_norm, *k_norm; /* [dim] each (Qwen3), or NULL */
+    cf_matrix q, k, v, o, gate, up, down;
+    void *k_cache, *v_cache; /* [blocks, block_size, kv_heads, dim] of kv_kind */
+    int64_t window;          /* a sliding window's keys, 0 for full attention */
+} cf_layer;
+
+typedef struct {
+    const cf_layer *layer;
+    cf_matrix embed, head;
+    const float *final_norm;
+    int64_t layers, hidden, heads, kv_heads, dim, inter;
+    int64_t kv_kind, block_size, num_blocks;
+    float eps, scale;
+} cf_model;
+
+/* One packed step: rows query tokens, row r of sequence seq[r] at position pos[r], its K/V
+ * going to pool slot slot[r]; tables [sequences, table_width]; cos and sin [rows, dim];
+ * logits [kept, vocab] for the rows keep[0..kept-1]. */
+typedef struct {
+    const int64_t *ids, *pos, *seq, *slot, *keep;
+    const int32_t *tables;
+    const float *cos, *sin;
+    float *logits;
+    int64_t rows, table_width, kept;
+} cf_step;
+
+/* An input's activation rows, quantized at most once per family (each thread keeps its own
+ * flags: every thread takes the same path, so they agree). */
+typedef struct {
+    uint8_t *small, *super;
+    int small_done, super_done;
+} cf_acts;
+
+/* Bytes of activation rows a family needs for width k (0 when k is not its blocks). */
+static int64_t acts_bytes(int64_t rows, int64_t k)
+{
+    const int64_t small = k % 32 ? 0 : gk_act_bytes(T_Q8_0, k);
+    const int64_t super = k % 256 ? 0 : gk_act_bytes(T_Q4_K, k);
+    return rows * (small + super);
+}
+
+static cf_acts acts_at(uint8_t *at, int64_t rows, int64_t k)
+{
+    const int64_t small = k % 32 ? 0 : gk_act_bytes(T_Q8_0, k);
+    return (cf_acts){at, at + rows * small, 0, 0};
+}
+
+/* y = x @ W.T (+ bias, in the matrix's output order), or add_to += that when add_to is set.
+ * tmp holds [rows, n] floats when the matrix reorders or adds. */
+static void linear_for(const cf_matrix *m, const float *x, cf_acts *a, int64_t rows, float *y,
+                       float *tmp, float *add_to)
+{
+    const int family = info((int)m->type).family;
+    const uint8_t *xq = (const uint8_t *)x;
+    if (family != F_FLOAT) {
+        int *done = family == F_SMALL ? &a->small_done : &a->super_done;
+        uint8_t *buf = family == F_SMALL ? a->small : a->super;
+        if (!*done)
+            quantize_for((int)m->type, x, rows, m->k, buf);
+        *done = 1;
+        xq = buf;
+    }
+    const int direct = !m->order && !m->bias && !add_to;
+    float *out = direct ? y : tmp;
+    matmul_for((int)m->type, m->w, m->n, m->k, xq, rows, out);
+    if (direct)
+        return;
+    const int64_t n = m->n;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *src = out + r * n;
+        float *dst = add_to ? add_to + r * n : y + r * n;
+        for (int64_t i = 0; i < n; i++) {
+            float v = src[m->order ? m->order[i] : i];
+            if (m->bias)
+                v = v + m->bias[i];
+            dst[i] = add_to ? dst[i] + v : v;
+        }
+    }
+}
+
+/* transformers' RMSNorm of one row: w * (x * rsqrt(mean(x^2) + eps)), float32 sums. */
+static inline void rms_row(const float *x, const float *w, float *y, int64_t n, float eps)
+{
+    float lane[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            lane[j] += x[i + j] * x[i + j];
+    float sum = 0.0f;
+    for (int j = 0; j < 8; j++)
+        sum += lane[j];
+    for (; i < n; i++)
+        sum += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(sum / (float)n + eps);
+    for (i = 0; i < n; i++)
+        y[i] = w[i] * (x[i] * inv);
+}
+
+static void rms_for(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps)
+{
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        rms_row(x + r * n, w, y + r * n, n, eps);
+}
+
+/* transformers' rotary embedding of one head: x * cos + rotate_half(x) * sin. */
+static inline void rope_head(float *x, const float *cos, const float *sin, int64_t dim)
+{
+    const int64_t half = dim / 2;
+    float rotated[MAX_DIM];
+    for (int64_t i = 0; i < half; i++) {
+        rotated[i] = x[i] * cos[i] - x[i + half] * sin[i];
+        rotated[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+    }
+    memcpy(x, rotated, sizeof(float) * dim);
+}
+
+/* A float rounded to float16 bits, to nearest even (torch's .to(torch.float16)). */
+static inline uint16_t to_half(float f)
+{
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#elif defined(NEON_HALF)
+    const float16x4_t h = vcvt_f16_f32(vdupq_n_f32(f));
+    return vget_lane_u16(vreinterpret_u16_f16(h), 0);
+#else
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000u, abs = x & 0x7fffffffu;
+    if (abs >= 0x7f800000u) /* inf or NaN (kept quiet) */
+        return (uint16_t)(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+    if (abs >= 0x477ff000u) /* rounds past the largest half: inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (abs < 0x38800000u) { /* below the smallest normal half: a subnormal or zero */
+        float magnitude;
+        memcpy(&magnitude, &abs, sizeof magnitude);
+        return (uint16_t)(sign | (uint32_t)rintf(magnitude * 16777216.0f));
+    }
+    const uint32_t lsb = (abs >> 13) & 1u;
+    return (uint16_t)(sign | ((abs - 0x38000000u + 0xfffu + lsb) >> 13));
+#endif
+}
+
+/* A float rounded to bfloat16 bits, to nearest even (NaN kept quiet), as torch rounds. */
+static inline uint16_t to_bfloat(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* n values of src stored at element `at` of a pool of this kind. */
+static inline void store_row(void *pool, int64_t at, const float *src, int64_t n, int64_t kind)
+{
+    if (kind == KV_FLOAT32) {
+        memcpy((float *)pool + at, src, sizeof(float) * n);
+        return;
+    }
+    uint16_t *dst = (uint16_t *)pool + at;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = kind == KV_FLOAT16 ? to_half(src[i]) : to_bfloat(src[i]);
+}
+
+/* Per row: Qwen3's head norms, rotary embeddings on q and k, and k and v into their slot. */
+static void rope_store_for(const cf_model *m, const cf_layer *L, const cf_step *s, float *q,
+                           float *k, const float *v)
+{
+    const int64_t dim = m->dim, qw = m->heads * dim, kw = m->kv_heads * dim;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < s->rows; r++) {
+        const float *cos = s->cos + r * dim, *sin = s->sin + r * dim;
+        for (int64_t h = 0; h < m->heads; h++) {
+            float *x = q + r * qw + h * dim;
+            if (L->q_norm)
+                rms_row(x, L->q_norm, x, dim, m->eps);
+            rope_head(x, cos, sin, dim);
+        }
+        for (int64_t h = 0; h < m->kv_heads; h++) {
+            float *x = k + r * kw + h * dim;
+            if (L->k_norm)
+                rms_row(x, L->k_norm, x, dim, m->eps);
+            rope_head(x, cos, sin, dim);
+        }
+        if (s->slot[r] < 0)
+            continue;
+        store_row(L->k_cache, s->slot[r] * kw, k + r * kw, kw, m->kv_kind);
+        store_row(L->v_cache, s->slot[r] * kw, v + r * kw, kw, m->kv_kind);
+    }
+}
+
+/* Floats each step buffer holds, in the order cf_forward lays them out. */
+typedef struct {
+    float *x, *h, *q, *k, *v, *att, *gate, *up, *tmp, *partials;
+    int64_t *first, *lens, *rows, *starts;
+    uint8_t *acts_hidden, *acts_att, *acts_inter;
+} cf_buffers;
+
+static void *take(uint8_t **at, int64_t bytes)
+{
+    void *p = *at;
+    *at += (bytes + 63) & ~(int64_t)63;
+    return p;
+}
+
+/* The step's buffers in one allocation (NULL when memory is short); *block to free. */
+static cf_buffers buffers(const cf_model *m, const cf_step *s, int64_t tasks, void **block)
+{
+    const int64_t R = s->rows, qw = m->heads * m->dim, kw = m->kv_heads * m->dim;
+    const int64_t widest = m->hidden > qw ? (m->inter > m->hidden ? m->inter : m->hidden)
+                                          : (m->inter > qw ? m->inter : qw);
+    int64_t vocab = m->head.n > widest ? m->head.n : widest;
+    const int64_t sizes[] = {
+        4 * R * m->hidden, 4 * R * m->hidden, 4 * R * qw, 4 * R * kw, 4 * R * kw, 4 * R * qw,
+        4 * R * m->inter, 4 * R * m->inter, 4 * R * vocab,
+        4 * (tasks * m->heads * (m->dim + 2) + 1), 8 * R, 8 * R, 8 * R, 8 * (R + 1),
+        acts_bytes(R, m->hidden), acts_bytes(R, qw), acts_bytes(R, m->inter),
+    };
+    int64_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        total += (sizes[i] + 63) & ~(int64_t)63;
+    cf_buffers b = {0};
+    uint8_t *at = *block = aligned_alloc(64, (size_t)total);
+    if (!at)
+        return b;
+    b.x = take(&at, sizes[0]);
+    b.h = take(&at, sizes[1]);
+    b.q = take(&at, sizes[2]);
+    b.k = take(&at, sizes[3]);
+    b.v = take(&at, sizes[4]);
+    b.att = take(&at, sizes[5]);
+    b.gate = take(&at, sizes[6]);
+    b.up = take(&at, sizes[7]);
+    b.tmp = take(&at, sizes[8]);
+    b.partials = take(&at, sizes[9]);
+    b.first = take(&at, sizes[10]);
+    b.lens = take(&at, sizes[11]);
+    b.rows = take(&at, sizes[12]);
+    b.starts = take(&at, sizes[13]);
+    b.acts_hidden = take(&at, sizes[14]);
+    b.acts_att = take(&at, sizes[15]);
+    b.acts_inter = take(&at, sizes[16]);
+    return b;
+}
+
+/* One decoder layer on the step's residual rows b->x. */
+static void layer_for(const cf_model *m, const cf_layer *L, const cf_step *s, cf_buffers *b)
+{
+    const int64_t R = s->rows, qw = m->heads * m->dim;
+    rms_for(b->x, L->attn_norm, b->h, R, m->hidden, m->eps);
+    cf_acts in = acts_at(b->acts_hidden, R, m->hidden);
+    linear_for(&L->q, b->h, &in, R, b->q, b->tmp, NULL);
+    linear_for(&L->k, b->h, &in, R, b->k, b->tmp, NULL);
+    linear_for(&L->v, b->h, &in, R, b->v, b->tmp, NULL);
+    rope_store_for(m, L, s, b->q, b->k, b->v);
+#pragma omp single
+    {
+        for (int64_t r = 0; r < R; r++) {
+            b->lens[r] = s->pos[r] + 1;
+            const int64_t from = L->window > 0 ? b->lens[r] - L->window : 0;
+            b->first[r] = from > 0 ? from : 0;
+        }
+        decode_spans(b->first, b->lens, R, m->block_size, b->starts);
+    } /* the single's barrier: every thread sees the spans */
+    decode_spans_for(b->q, L->k_cache, L->v_cache, m->kv_kind, s->tables, s->table_width,
+                     s->seq, b->rows, b->first, b->lens, b->starts, R, m->heads, m->kv_heads,
+                     m->dim, m->block_size, m->scale, 0.0f, b->partials);
+    decode_merge_for(b->partials, b->rows, b->starts, R, m->heads, m->dim, b->att);
+    cf_acts att = acts_at(b->acts_att, R, qw);
+    linear_for(&L->o, b->att, &att, R, NULL, b->tmp, b->x);
+    rms_for(b->x, L->ffn_norm, b->h, R, m->hidden, m->eps);
+    cf_acts mlp = acts_at(b->acts_hidden, R, m->hidden);
+    linear_for(&L->gate, b->h, &mlp, R, b->gate, b->tmp, NULL);
+    linear_for(&L->up, b->h, &mlp, R, b->up, b->tmp, NULL);
+    const int64_t inter = m->inter;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t i = r * inter; i < (r + 1) * inter; i++) {
+            const float g = b->gate[i];
+            b->gate[i] = g / (1.0f + expf(-g)) * b->up[i];
+        }
+    cf_acts down = acts_at(b->acts_inter, R, inter);
+    linear_for(&L->down, b->gate, &down, R, NULL, b->tmp, b->x);
+}
+
+/* Run the step; logits of the kept rows into s->logits. Returns 0; -1 when memory is short
+ * or the shapes are beyond the kernels; -2, having changed nothing, when a block table names
+ * a block outside the pool or a slot lies outside it; -3 when a token id is outside the
+ * vocabulary. */
+int cf_forward(const cf_model *m, const cf_step *s)
+{
+    const int64_t R = s->rows, kept = s->kept;
+    if (!decode_takes(m->kv_kind, m->heads, m->kv_heads, m->dim) || m->dim % 2)
+        return -1;
+    if (R <= 0)
+        return 0;
+    for (int64_t r = 0; r < R; r++) {
+        if (s->ids[r] < 0 || s->ids[r] >= m->embed.n)
+            return -3;
+        if (s->slot[r] >= m->num_blocks * m->block_size)
+            return -2;
+    }
+    for (int64_t j = 0; j < kept; j++)
+        if (s->keep[j] < 0 || s->keep[j] >= R)
+            return -1;
+    /* Every row reads keys 0..pos of its table: check them once for all layers. */
+    int64_t *zeros = calloc((size_t)R, sizeof(int64_t)), *lens = malloc(sizeof(int64_t) * R);
+    if (!zeros || !lens) {
+        free(zeros);
+        free(lens);
+        return -1;
+    }
+    for (int64_t r = 0; r < R; r++)
+        lens[r] = s->pos[r] + 1;
+    const int ok = blocks_in_pool(s->tables, s->table_width, s->seq, zeros, lens, R,
+                                  m->block_size, m->num_blocks);
+    int64_t *starts = malloc(sizeof(int64_t) * (R + 1));
+    const int64_t tasks = starts ? decode_spans(zeros, lens, R, m->block_size, starts) : 0;
+    free(starts);
+    free(zeros);
+    free(lens);
+    if (!ok)
+        return -2;
+    void *block = NULL;
+    cf_buffers b = buffers(m, s, tasks, &block);
+    if (!block)
+        return -1;
+    for (int64_t r = 0; r < R; r++)
+        b.rows[r] = r;
+    const int64_t rb = gk_row_bytes((int)m->embed.type, m->hidden);
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < R; r++)
+            dequantize_row((int)m->embed.type, m->embed.w + s->ids[r] * rb, m->hidden,
+                           b.x + r * m->hidden);
+        for (int64_t l = 0; l < m->layers; l++)
+            layer_for(m, &m->layer[l], s, &b);
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < kept; j++)
+            rms_row(b.x + s->keep[j] * m->hidden, m->final_norm, b.h + j * m->hidden, m->hidden,
+                    m->eps);
+        cf_acts last = acts_at(b.acts_hidden, kept, m->hidden);
+        linear_for(&m->head, b.h, &last, kept, s->logits, b.tmp, NULL);
+    }
+    free(block);
+    return 0;
+}

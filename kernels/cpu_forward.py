@@ -1,0 +1,264 @@
+"""A Llama-family decoder's whole packed step on the CPU in one C call (cpu_forward.c).
+
+The caller describes the model once (:class:`Layer` and :class:`Decoder`: addresses of
+GGUF matrices, norm weights and KV pools, which must stay alive) and then calls
+:meth:`Decoder.forward` per step with the step's token ids, positions, slots, block
+tables, rotary cos/sin and the rows to keep. The products are gguf_kernels.c's and the
+attention is cpu_attention.c's, built into one library with the step around them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from paged_llm.kernels import gguf_kernels, native_build
+from paged_llm.kernels.cpu_attention import KINDS, MAX_DIM
+
+SOURCE = Path(__file__).with_name("cpu_forward.c")
+_PTR = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+class _Matrix(ctypes.Structure):
+    """cf_matrix."""
+
+    _fields_ = [
+        ("w", _PTR),
+        ("bias", _PTR),
+        ("order", _PTR),
+        ("type", _I64),
+        ("n", _I64),
+        ("k", _I64),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    """cf_layer."""
+
+    _fields_ = [
+        ("attn_norm", _PTR),
+        ("ffn_norm", _PTR),
+        ("q_norm", _PTR),
+        ("k_norm", _PTR),
+        *((name, _Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")),
+        ("k_cache", _PTR),
+        ("v_cache", _PTR),
+        ("window", _I64),
+    ]
+
+
+class _Model(ctypes.Structure):
+    """cf_model."""
+
+    _fields_ = [
+        ("layer", ctypes.POINTER(_Layer)),
+        ("embed", _Matrix),
+        ("head", _Matrix),
+        ("final_norm", _PTR),
+        *((name, _I64) for name in ("layers", "hidden", "heads", "kv_heads", "dim", "inter")),
+        *((name, _I64) for name in ("kv_kind", "block_size", "num_blocks")),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+    ]
+
+
+class _Step(ctypes.Structure):
+    """cf_step."""
+
+    _fields_ = [
+        *((name, _PTR) for name in ("ids", "pos", "seq", "slot", "keep", "tables")),
+        *((name, _PTR) for name in ("cos", "sin", "logits")),
+        *((name, _I64) for name in ("rows", "table_width", "kept")),
+    ]
+
+
+@dataclass(slots=True)
+class Linear:
+    """A GGUF matrix with the extras transformers' layer adds: an output order and a bias."""
+
+    matrix: gguf_kernels.Matrix
+    bias: torch.Tensor | None = None  # float32 [n]
+    order: torch.Tensor | None = None  # int64 [n]: output i is the matrix's row order[i]
+
+
+@dataclass(slots=True)
+class Layer:
+    """One decoder layer's weights and KV pools, as cf_layer takes them."""
+
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
+    gate: Linear
+    up: Linear
+    down: Linear
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    window: int | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+
+
+def unavailable(build_dir: Path | None = None) -> str | None:
+    """Why the library cannot run here (no compiler, a failed build), or None when it can."""
+    return _LIBRARY.unavailable(build_dir)
+
+
+class Decoder:
+    """A model's layers as the C step reads them; :meth:`forward` runs one packed step.
+
+    Everything handed in is kept referenced here, so the addresses stay valid. ValueError
+    when a shape, dtype or pool is beyond the kernel (the caller keeps its own path).
+    """
+
+    def __init__(
+        self,
+        embed: gguf_kernels.Matrix,
+        layers: list[Layer],
+        final_norm: torch.Tensor,
+        head: Linear,
+        *,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+        scale: float,
+    ) -> None:
+        """Check the shapes once and lay out the C structures."""
+        if not layers:
+            raise ValueError("a decoder needs at least one layer")
+        pool = layers[0].key_cache
+        if pool.dtype not in KINDS or pool.device.type != "cpu":
+            raise ValueError(f"the KV pool must be a float32/16-bit CPU tensor, got {pool.dtype}")
+        if head_dim % 16 or head_dim > MAX_DIM or heads % kv_heads:
+            raise ValueError(f"heads of {head_dim} values ({heads}/{kv_heads}) are not supported")
+        hidden, inter = embed.k, layers[0].gate.matrix.n
+        self._keep: list[object] = [embed, layers, final_norm, head]
+        structs = (_Layer * len(layers))()
+        for i, layer in enumerate(layers):
+            structs[i] = self._layer(layer, hidden, heads, kv_heads, head_dim, inter)
+        self._layers = structs
+        self._model = _Model(
+            structs,
+            self._matrix(Linear(embed), embed.n, hidden),
+            self._matrix(head, head.matrix.n, hidden),
+            self._floats(final_norm, hidden),
+            len(layers), hidden, heads, kv_heads, head_dim, inter,
+            KINDS[pool.dtype], pool.shape[1], pool.shape[0],
+            eps, scale,
+        )  # fmt: skip
+        self.vocab = head.matrix.n
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        seqs: torch.Tensor,
+        slots: torch.Tensor,
+        tables: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keep: torch.Tensor,
+    ) -> torch.Tensor:
+        """Float32 logits ``[len(keep), vocab]`` of one packed step.
+
+        Per query row: its token id, absolute position, sequence (a row of the int32 block
+        ``tables``) and KV slot (int64 each); ``cos``/``sin`` ``[rows, head_dim]`` float32
+        from the model's rotary module; ``keep`` the rows whose logits are wanted.
+        IndexError when an id is outside the vocabulary or a table or slot outside the
+        pool (nothing is changed then).
+        """
+        rows = ids.numel()
+        longs = [t.to(torch.int64).contiguous() for t in (ids, positions, seqs, slots, keep)]
+        tables = tables.to(torch.int32).contiguous()
+        cos, sin = (t.to(torch.float32).contiguous() for t in (cos, sin))
+        if tables.dim() != 2 or any(t.numel() != rows for t in longs[:4]):
+            raise ValueError("ids, positions, sequences and slots must have a value per row")
+        if cos.shape != (rows, self._model.dim) or sin.shape != cos.shape:
+            raise ValueError(f"cos and sin must be [{rows}, {self._model.dim}]")
+        if rows and (int(longs[2].min()) < 0 or int(longs[2].max()) >= tables.shape[0]):
+            raise IndexError("a row's sequence has no block table")
+        logits = torch.empty(keep.numel(), self.vocab, dtype=torch.float32)
+        step = _Step(
+            *(t.data_ptr() for t in (*longs, tables, cos, sin, logits)),
+            rows, tables.shape[1], keep.numel(),
+        )  # fmt: skip
+        done = _LIBRARY.get().cf_forward(ctypes.byref(self._model), ctypes.byref(step))
+        if done == -2:
+            raise IndexError("a block table or slot names a block outside the KV pool")
+        if done == -3:
+            raise IndexError(f"a token id is outside the vocabulary of {self._model.embed.n}")
+        if done != 0:
+            raise RuntimeError("the CPU forward found no memory for its step buffers")
+        return logits
+
+    def _layer(
+        self, layer: Layer, hidden: int, heads: int, kv_heads: int, dim: int, inter: int
+    ) -> _Layer:
+        """The cf_layer of one layer, its shapes checked against the model's."""
+        pools = (layer.key_cache, layer.value_cache)
+        expect = (*layer.key_cache.shape[:2], kv_heads, dim)
+        if any(p.shape != expect or not p.is_contiguous() for p in pools):
+            raise ValueError(f"each KV pool must be contiguous {tuple(expect)}")
+        if layer.value_cache.dtype != layer.key_cache.dtype:
+            raise ValueError("the key and value pools must share a dtype")
+        return _Layer(
+            self._floats(layer.attn_norm, hidden),
+            self._floats(layer.ffn_norm, hidden),
+            self._floats(layer.q_norm, dim) if layer.q_norm is not None else None,
+            self._floats(layer.k_norm, dim) if layer.k_norm is not None else None,
+            self._matrix(layer.q, heads * dim, hidden),
+            self._matrix(layer.k, kv_heads * dim, hidden),
+            self._matrix(layer.v, kv_heads * dim, hidden),
+            self._matrix(layer.o, hidden, heads * dim),
+            self._matrix(layer.gate, inter, hidden),
+            self._matrix(layer.up, inter, hidden),
+            self._matrix(layer.down, hidden, inter),
+            layer.key_cache.data_ptr(),
+            layer.value_cache.data_ptr(),
+            layer.window or 0,
+        )
+
+    def _matrix(self, linear: Linear, n: int, k: int) -> _Matrix:
+        """The cf_matrix of a linear whose weight must be ``[n, k]``."""
+        m = linear.matrix
+        if (m.n, m.k) != (n, k):
+            raise ValueError(f"a weight is [{m.n}, {m.k}] where [{n}, {k}] was expected")
+        bias = self._floats(linear.bias, n) if linear.bias is not None else None
+        order = None
+        if linear.order is not None:
+            keep = linear.order.to(torch.int64).contiguous()
+            if keep.shape != (n,) or int(keep.min()) < 0 or int(keep.max()) >= n:
+                raise ValueError(f"an output order must be a permutation of {n} rows")
+            self._keep.append(keep)
+            order = keep.data_ptr()
+        return _Matrix(m.data.data_ptr(), bias, order, m.type_id, n, k)
+
+    def _floats(self, tensor: torch.Tensor, n: int) -> int:
+        """The address of a float32 copy of a ``[n]`` tensor (kept alive here)."""
+        values = tensor.detach().to(torch.float32).contiguous()
+        if values.shape != (n,):
+            raise ValueError(f"a norm or bias of shape {tuple(values.shape)} is not [{n}]")
+        self._keep.append(values)
+        address: int = values.data_ptr()
+        return address
+
+
+def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | None, str | None]:
+    """Build (once per source, compiler and CPU) and load the library; or say why not."""
+    lib, reason = native_build.load(build_dir, source, "cpu_forward")
+    if lib is None:
+        return None, reason
+    lib.cf_forward.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
+    lib.cf_forward.restype = ctypes.c_int
+    return lib, None
+
+
+# One build per process, by the first caller.
+_LIBRARY = native_build.Library("CPU forward kernels", load_library)

@@ -1,0 +1,123 @@
+"""The engine's own C forward against transformers' forward over the same kernels and pool.
+
+Each tiny model's matrices are made GGUF F32 matrices read in place (the kernels multiply
+float32 by float32, no activation rounding), so the two forwards must agree to float32
+rounding: same norms, rotary embedding, K/V stored into the pool, paged causal attention
+(sliding windows included), MLP and head, over prefill chunks, decodes and several
+sequences at once. Quantized formats run through the same code; their greedy tokens are
+checked against the dense model in test_gguf_model.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import paged_llm.engine.model_runner as model_runner
+from paged_llm.engine.gguf_model import GGUFLinear
+from paged_llm.engine.llm_engine import LLMEngine
+from paged_llm.engine.native_forward import NativeForward
+from paged_llm.engine.sequence import SamplingParams
+from paged_llm.kernels import cpu_forward, gguf_kernels
+
+from support import make_loaded
+
+pytestmark = pytest.mark.skipif(
+    cpu_forward.unavailable() is not None, reason=f"no C forward: {cpu_forward.unavailable()}"
+)
+
+PROMPTS = [list(range(3, 90)), [5, 17, 300, 41], [9] * 40]
+F32 = gguf_kernels.TYPES["F32"]
+
+
+def _in_place(model: Any) -> None:
+    """Swap every linear layer for a GGUF F32 matrix over the same float32 weight."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, torch.nn.Linear):
+            weight = module.weight.detach().contiguous()
+            matrix = gguf_kernels.Matrix(weight.view(torch.uint8).reshape(-1), F32, *weight.shape)
+            parent, _, child = name.rpartition(".")
+            owner = model.get_submodule(parent) if parent else model
+            setattr(owner, child, GGUFLinear(matrix, module.bias))
+
+
+def _run(loaded: Any, config: Any, native: bool) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy tokens of PROMPTS run together, and the logits of every step."""
+    engine = LLMEngine(loaded, config)
+    assert (engine.runner.native is not None) is True
+    if not native:
+        engine.runner.native = None
+    seen: list[torch.Tensor] = []
+    penalties = model_runner.apply_penalties
+
+    def record(logits: torch.Tensor, seqs: Any) -> torch.Tensor:
+        """Keep a copy of the step's logits."""
+        seen.append(logits.clone())
+        return penalties(logits, seqs)
+
+    model_runner.apply_penalties = record
+    try:
+        params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+        for i, prompt in enumerate(PROMPTS):
+            engine.add_request(prompt, params, request_id=str(i))
+        tokens: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens[out.request_id].extend(out.token_ids)
+    finally:
+        model_runner.apply_penalties = penalties
+    return list(tokens.values()), seen
+
+
+# The bound, relative to the logits' spread: float32 rounding alone with a float32 pool; a
+# 16-bit pool adds its own rounding, which the C forward's prompt rows read back (as later
+# decodes do) where transformers' prefill attends over the step's unrounded keys.
+BOUNDS = {"float32": 1e-5, "float16": 1e-4, "bfloat16": 1e-3}
+
+
+@pytest.mark.parametrize("kv", list(BOUNDS))
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral_window"])
+def test_the_c_forward_gives_transformers_logits(arch: str, kv: str) -> None:
+    """Prefill chunks and decodes of three sequences: float32 rounding apart, same logits."""
+    # A small token budget: the long prompt is cut into chunks that share steps with decodes.
+    loaded, config = make_loaded(arch, kv_cache_dtype=kv, max_num_batched_tokens=32)
+    _in_place(loaded.model)
+    got, ours = _run(loaded, config, native=True)
+    want, theirs = _run(loaded, config, native=False)
+    assert got == want
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs, strict=True):
+        assert (a - b).abs().max() <= BOUNDS[kv] * (b.max() - b.min())
+
+
+def test_models_it_cannot_run_stay_on_transformers() -> None:
+    """Dense weights (the exact path) and other architectures keep transformers' forward."""
+    loaded, config = make_loaded("llama")
+    assert LLMEngine(loaded, config).runner.native is None  # dense nn.Linear layers
+    gemma, config = make_loaded("gemma2")
+    _in_place(gemma.model)
+    assert LLMEngine(gemma, config).runner.native is None
+
+
+def test_bad_ids_and_tables_are_refused_and_change_nothing() -> None:
+    """An id outside the vocabulary or a table outside the pool: IndexError, pool untouched."""
+    loaded, config = make_loaded("llama")
+    _in_place(loaded.model)
+    engine = LLMEngine(loaded, config)
+    native = engine.runner.native
+    assert isinstance(native, NativeForward)
+    pool = engine.runner.kv_caches[0][0]
+    before = pool.clone()
+    row = torch.tensor([0])
+    with pytest.raises(IndexError, match="vocabulary"):
+        native.forward(torch.tensor([512]), row, row, row, torch.zeros(1, 1), row)
+    with pytest.raises(IndexError, match="outside the KV pool"):
+        native.forward(torch.tensor([5]), row, row, row, torch.tensor([[10**6]]), row)
+    with pytest.raises(IndexError, match="outside the KV pool"):
+        native.forward(torch.tensor([5]), row, row, torch.tensor([10**9]), torch.zeros(1, 1), row)
+    assert torch.equal(pool, before)
+    logits = native.forward(torch.tensor([5]), row, row, row, torch.zeros(1, 1), row)
+    assert logits.shape == (1, 512)
+    assert torch.isfinite(logits).all()
