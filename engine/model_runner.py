@@ -197,6 +197,11 @@ class ModelRunner:
         self.forward_text = "transformers' forward"
         if self.device.type == "cpu":
             self.native, self.forward_text = NativeForward.of(self.model, self.kv_caches)
+        # How attention runs (for diagnostics): the loader's choice, unless the C forward
+        # runs the whole step.
+        self.attention_text = loaded.attention
+        if self.native is not None:
+            self.attention_text = "C kernels in place (decodes in spans, prompt rows in tiles)"
         self.sampler = Sampler(self.device)
         # Grammar masks for constrained requests; the engine sets it (None: no masking).
         self.structured: StructuredOutput | None = None

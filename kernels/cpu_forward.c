@@ -224,11 +224,131 @@ static void rope_store_for(const cf_model *m, const cf_layer *L, const cf_step *
     }
 }
 
+/* Queries a prompt tile attends at once (rows times the kv head's group of query heads):
+ * each key and value is converted once per tile, not once per query row. */
+#define TILE_QUERIES 32
+
+/* 8 floats: one AVX2 register, two NEON ones. The tile's loops use them rather than the
+ * 16-float vectors of cpu_attention.c, which gcc spills through memory on AVX2. */
+typedef float v8 __attribute__((vector_size(32)));
+
+static inline v8 load8(const float *p)
+{
+    v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Causal attention for a tile of n consecutive prompt rows of one sequence (rows r0.., at
+ * positions pos0..) and the query heads of kv head h: row i sees keys from its window's
+ * start to pos0 + i. Online softmax per query head over blocks of up to 16 keys, converted
+ * to float32 once for the whole tile (the keys transposed, so a query's 16 scores are dim
+ * vector multiply-adds); out rows [r0, r0 + n) of that group of heads. */
+static void attend_tile(const float *q, const void *kc, const void *vc, int64_t kind,
+                        const int32_t *table, int64_t r0, int64_t n, int64_t pos0,
+                        int64_t window, int64_t h, int64_t group, int64_t heads,
+                        int64_t kv_heads, int64_t dim, int64_t block_size, float scale,
+                        float *out)
+{
+    const int64_t queries = n * group, token_stride = kv_heads * dim, parts = dim / 8;
+    float top[TILE_QUERIES], sum[TILE_QUERIES];
+    int64_t first_key[TILE_QUERIES] = {0};
+    static _Thread_local v8 acc[TILE_QUERIES * (MAX_DIM / 8)];
+    for (int64_t j = 0; j < queries; j++) {
+        top[j] = -INFINITY;
+        sum[j] = 0.0f;
+        for (int64_t c = 0; c < parts; c++)
+            acc[j * parts + c] = (v8){0};
+        const int64_t pos = pos0 + j / group, from = window > 0 ? pos - window + 1 : 0;
+        first_key[j] = from > 0 ? from : 0;
+    }
+    const int64_t start = first_key[0], end = pos0 + n;
+    float keys_t[MAX_DIM][16], values[16][MAX_DIM];
+    for (int64_t at = start; at < end;) {
+        const int64_t block = table[at / block_size], slot0 = at % block_size;
+        int64_t count = block_size - slot0;
+        count = count < end - at ? count : end - at;
+        count = count < 16 ? count : 16;
+        const int64_t base = ((block * block_size + slot0) * kv_heads + h) * dim;
+        for (int64_t t = 0; t < 16; t++)
+            for (int64_t c = 0; c < dim / 16; c++) {
+                v16 key = (v16){0}, value = (v16){0};
+                if (t < count) {
+                    key = load16_kv(kc, base + t * token_stride + 16 * c, (int)kind);
+                    value = load16_kv(vc, base + t * token_stride + 16 * c, (int)kind);
+                }
+                float lanes[16];
+                memcpy(lanes, &key, sizeof lanes);
+                memcpy(values[t] + 16 * c, &value, sizeof value);
+                for (int e = 0; e < 16; e++)
+                    keys_t[16 * c + e][t] = lanes[e];
+            }
+        for (int64_t j = 0; j < queries; j++) {
+            const int64_t i = j / group, g = j % group, pos = pos0 + i;
+            const float *qj = q + (r0 + i) * heads * dim + (h * group + g) * dim;
+            /* four independent sums (keys 0..7 and 8..15, even and odd head values) */
+            v8 lo0 = {0}, hi0 = {0}, lo1 = {0}, hi1 = {0};
+            for (int64_t d = 0; d < dim; d += 2) {
+                lo0 += qj[d] * load8(keys_t[d]);
+                hi0 += qj[d] * load8(keys_t[d] + 8);
+                lo1 += qj[d + 1] * load8(keys_t[d + 1]);
+                hi1 += qj[d + 1] * load8(keys_t[d + 1] + 8);
+            }
+            const v8 lo = lo0 + lo1, hi = hi0 + hi1;
+            float scores[16], block_top = top[j];
+            memcpy(scores, &lo, sizeof lo);
+            memcpy(scores + 8, &hi, sizeof hi);
+            for (int64_t t = 0; t < 16; t++) {
+                const int64_t key = at + t;
+                if (t >= count || key > pos || key < first_key[j]) {
+                    scores[t] = -INFINITY;
+                    continue;
+                }
+                scores[t] *= scale;
+                block_top = scores[t] > block_top ? scores[t] : block_top;
+            }
+            if (block_top == -INFINITY)
+                continue; /* no visible key in this block for this query */
+            v8 *a = acc + j * parts;
+            if (block_top > top[j]) {
+                const float rescale = top[j] == -INFINITY ? 0.0f : expf(top[j] - block_top);
+                sum[j] *= rescale;
+                for (int64_t c = 0; c < parts; c++)
+                    a[c] *= rescale;
+                top[j] = block_top;
+            }
+            const v16 p = exp16(load16(scores) - top[j]);
+            float weights[16];
+            memcpy(weights, &p, sizeof weights);
+            for (int64_t t = 0; t < count; t++)
+                if (scores[t] != -INFINITY)
+                    sum[j] += weights[t];
+            for (int64_t c = 0; c < parts; c++) {
+                v8 v = a[c];
+                for (int64_t t = 0; t < count; t++)
+                    if (scores[t] != -INFINITY)
+                        v += weights[t] * load8(values[t] + 8 * c);
+                a[c] = v;
+            }
+        }
+        at += count;
+    }
+    for (int64_t j = 0; j < queries; j++) {
+        const int64_t i = j / group, g = j % group;
+        float *o = out + (r0 + i) * heads * dim + (h * group + g) * dim;
+        for (int64_t c = 0; c < parts; c++) {
+            const v8 v = sum[j] > 0.0f ? acc[j * parts + c] / sum[j] : (v8){0};
+            memcpy(o + 8 * c, &v, sizeof v);
+        }
+    }
+}
+
 /* Floats each step buffer holds, in the order cf_forward lays them out. */
 typedef struct {
     float *x, *h, *q, *k, *v, *att, *gate, *up, *tmp, *partials;
-    int64_t *first, *lens, *rows, *starts;
+    int64_t *first, *lens, *rows, *starts, *tile_row, *tile_len;
     uint8_t *acts_hidden, *acts_att, *acts_inter;
+    int64_t singles, tiles; /* this layer's decode rows and prompt tiles */
 } cf_buffers;
 
 static void *take(uint8_t **at, int64_t bytes)
@@ -249,7 +369,7 @@ static cf_buffers buffers(const cf_model *m, const cf_step *s, int64_t tasks, vo
         4 * R * m->hidden, 4 * R * m->hidden, 4 * R * qw, 4 * R * kw, 4 * R * kw, 4 * R * qw,
         4 * R * m->inter, 4 * R * m->inter, 4 * R * vocab,
         4 * (tasks * m->heads * (m->dim + 2) + 1), 8 * R, 8 * R, 8 * R, 8 * (R + 1),
-        acts_bytes(R, m->hidden), acts_bytes(R, qw), acts_bytes(R, m->inter),
+        acts_bytes(R, m->hidden), acts_bytes(R, qw), acts_bytes(R, m->inter), 8 * R, 8 * R,
     };
     int64_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
@@ -275,7 +395,42 @@ static cf_buffers buffers(const cf_model *m, const cf_step *s, int64_t tasks, vo
     b.acts_hidden = take(&at, sizes[14]);
     b.acts_att = take(&at, sizes[15]);
     b.acts_inter = take(&at, sizes[16]);
+    b.tile_row = take(&at, sizes[17]);
+    b.tile_len = take(&at, sizes[18]);
     return b;
+}
+
+/* Split the step's rows for attention: a row alone in its sequence's run (a decode) goes
+ * to the spans of cpu_attention.c, which also split one long context across the threads;
+ * runs of consecutive prompt rows go in tiles of up to TILE_QUERIES queries. */
+static void plan_attention(const cf_model *m, const cf_layer *L, const cf_step *s,
+                           cf_buffers *b)
+{
+    const int64_t group = m->heads / m->kv_heads;
+    const int64_t most = TILE_QUERIES / group > 0 ? TILE_QUERIES / group : 1;
+    b->singles = b->tiles = 0;
+    for (int64_t r = 0; r < s->rows;) {
+        int64_t run = 1;
+        while (r + run < s->rows && s->seq[r + run] == s->seq[r] &&
+               s->pos[r + run] == s->pos[r] + run)
+            run++;
+        if (run == 1 || most == 1) {
+            for (int64_t i = r; i < r + run; i++) {
+                const int64_t n = b->singles++;
+                b->rows[n] = i;
+                b->lens[n] = s->pos[i] + 1;
+                const int64_t from = L->window > 0 ? b->lens[n] - L->window : 0;
+                b->first[n] = from > 0 ? from : 0;
+            }
+        } else {
+            for (int64_t i = r; i < r + run; i += most) {
+                b->tile_row[b->tiles] = i;
+                b->tile_len[b->tiles++] = r + run - i < most ? r + run - i : most;
+            }
+        }
+        r += run;
+    }
+    decode_spans(b->first, b->lens, b->singles, m->block_size, b->starts);
 }
 
 /* One decoder layer on the step's residual rows b->x. */
@@ -289,18 +444,20 @@ static void layer_for(const cf_model *m, const cf_layer *L, const cf_step *s, cf
     linear_for(&L->v, b->h, &in, R, b->v, b->tmp, NULL);
     rope_store_for(m, L, s, b->q, b->k, b->v);
 #pragma omp single
-    {
-        for (int64_t r = 0; r < R; r++) {
-            b->lens[r] = s->pos[r] + 1;
-            const int64_t from = L->window > 0 ? b->lens[r] - L->window : 0;
-            b->first[r] = from > 0 ? from : 0;
-        }
-        decode_spans(b->first, b->lens, R, m->block_size, b->starts);
-    } /* the single's barrier: every thread sees the spans */
+    plan_attention(m, L, s, b); /* the single's barrier: every thread sees the plan */
     decode_spans_for(b->q, L->k_cache, L->v_cache, m->kv_kind, s->tables, s->table_width,
-                     s->seq, b->rows, b->first, b->lens, b->starts, R, m->heads, m->kv_heads,
-                     m->dim, m->block_size, m->scale, 0.0f, b->partials);
-    decode_merge_for(b->partials, b->rows, b->starts, R, m->heads, m->dim, b->att);
+                     s->seq, b->rows, b->first, b->lens, b->starts, b->singles, m->heads,
+                     m->kv_heads, m->dim, m->block_size, m->scale, 0.0f, b->partials);
+    decode_merge_for(b->partials, b->rows, b->starts, b->singles, m->heads, m->dim, b->att);
+    const int64_t group = m->heads / m->kv_heads;
+#pragma omp for schedule(dynamic) collapse(2)
+    for (int64_t t = 0; t < b->tiles; t++)
+        for (int64_t h = 0; h < m->kv_heads; h++) {
+            const int64_t r0 = b->tile_row[t];
+            attend_tile(b->q, L->k_cache, L->v_cache, m->kv_kind, s->tables + s->seq[r0] * s->table_width,
+                        r0, b->tile_len[t], s->pos[r0], L->window, h, group, m->heads,
+                        m->kv_heads, m->dim, m->block_size, m->scale, b->att);
+        }
     cf_acts att = acts_at(b->acts_att, R, qw);
     linear_for(&L->o, b->att, &att, R, NULL, b->tmp, b->x);
     rms_for(b->x, L->ffn_norm, b->h, R, m->hidden, m->eps);
@@ -360,8 +517,6 @@ int cf_forward(const cf_model *m, const cf_step *s)
     cf_buffers b = buffers(m, s, tasks, &block);
     if (!block)
         return -1;
-    for (int64_t r = 0; r < R; r++)
-        b.rows[r] = r;
     const int64_t rb = gk_row_bytes((int)m->embed.type, m->hidden);
 #pragma omp parallel
     {

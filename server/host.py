@@ -70,7 +70,7 @@ class EngineHost:
         _LOGGER.info(
             "Weights: %s; attention: %s; %s; %s",
             llm_engine.loaded.weights,
-            llm_engine.loaded.attention,
+            llm_engine.runner.attention_text,
             llm_engine.runner.kv_cache_text,
             llm_engine.runner.forward_text,
         )

@@ -174,8 +174,10 @@ async def test_diagnostics_hold_settings_figures_and_versions_but_no_prompts(
     assert engine["weights"] == "float"
     llm_engine = init_integration.runtime_data.backend.engine.engine
     # How decode attention runs: a user without a C compiler sees why it is slower.
-    assert engine["attention"] == llm_engine.loaded.attention
+    assert engine["attention"] == llm_engine.runner.attention_text
     assert engine["attention"].startswith(("C kernel in place", "torch ("))
+    # Dense weights: transformers runs the forward pass, and the diagnostics say why.
+    assert engine["forward"].startswith("transformers' forward (")
     assert engine["num_kv_blocks"] == llm_engine.num_kv_blocks
     assert engine["max_model_len"] == 4096
     assert engine["config"]["kv_budget"] == 4 * 2**20
