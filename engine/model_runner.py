@@ -240,22 +240,10 @@ class ModelRunner:
         slots = tables[seq_of_token, positions // bs] * bs + positions % bs
 
         sample_rows = [i for i, chunk in enumerate(chunks) if chunk.samples]
+        # The rows whose logits are needed: each sampling chunk's last token (a step that
+        # samples nothing still runs its forward pass for the K/V it stores).
+        keep = cu[1:][sample_rows] - 1 if sample_rows else cu[1:2] - 1
         dev = self.device
-        meta = AttentionMetadata(
-            kv_caches=self.kv_caches,
-            slot_mapping=torch.from_numpy(slots).to(dev),
-            block_tables=torch.from_numpy(tables.astype(np.int32)).to(dev),
-            context_lens=torch.from_numpy(ends.astype(np.int32)).to(dev),
-            query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
-            max_query_len=int(lens.max()),
-            max_context_len=int(ends.max()),
-            # Resolved once here rather than in each of the layers' two kernel calls.
-            backend=resolve_backend(dev, self.backend),
-        )
-        if not sample_rows:
-            keep = torch.tensor([int(cu[1]) - 1], device=dev)
-        else:
-            keep = torch.from_numpy(cu[1:][sample_rows] - 1).to(dev)
         with torch.inference_mode():
             started = time.perf_counter()
             if self.native is not None:
@@ -263,16 +251,27 @@ class ModelRunner:
                     torch.tensor(ids),
                     torch.from_numpy(positions),
                     torch.from_numpy(seq_of_token),
-                    meta.slot_mapping,
-                    meta.block_tables,
-                    keep,
+                    torch.from_numpy(slots),
+                    torch.from_numpy(tables.astype(np.int32)),
+                    torch.from_numpy(keep),
                 )
             else:
+                meta = AttentionMetadata(
+                    kv_caches=self.kv_caches,
+                    slot_mapping=torch.from_numpy(slots).to(dev),
+                    block_tables=torch.from_numpy(tables.astype(np.int32)).to(dev),
+                    context_lens=torch.from_numpy(ends.astype(np.int32)).to(dev),
+                    query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
+                    max_query_len=int(lens.max()),
+                    max_context_len=int(ends.max()),
+                    # Resolved once here rather than in each of the layers' two kernel calls.
+                    backend=resolve_backend(dev, self.backend),
+                )
                 logits = self.model(
                     input_ids=torch.tensor([ids], device=dev),
                     position_ids=torch.from_numpy(positions).unsqueeze(0).to(dev),
                     use_cache=False,
-                    logits_to_keep=keep,
+                    logits_to_keep=torch.from_numpy(keep).to(dev),
                     **{_METADATA_KWARG: meta},
                 ).logits[0]
             if dev.type == "cuda":

@@ -21,6 +21,9 @@ from .gguf_model import GGUFEmbedding, GGUFLinear
 
 # Model types whose decoder layer cpu_forward.c runs as transformers does.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Rotary kinds whose cos and sin at a position do not depend on the rest of the step, so a
+# table worked out once serves every step (dynamic NTK and LongRoPE change with the length).
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
 class NativeForward:
@@ -34,6 +37,8 @@ class NativeForward:
             raise ValueError(reason)
         decoder = model.model
         self._rotary = decoder.rotary_emb
+        self._static = getattr(self._rotary, "rope_type", None) in _STATIC_ROPE
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None
         first = decoder.layers[0].self_attn
         layers = [
             _layer(layer, keys, values, config, i)
@@ -74,10 +79,28 @@ class NativeForward:
         keep: torch.Tensor,
     ) -> torch.Tensor:
         """Float32 logits of the kept rows of one packed step (see cpu_forward.Decoder)."""
-        # The model's own rotary module: the same cos and sin as transformers' forward.
-        probe = torch.empty(0, dtype=torch.float32)
-        cos, sin = self._rotary(probe, positions.unsqueeze(0))
-        return self.decoder.forward(ids, positions, seqs, slots, tables, cos[0], sin[0], keep)
+        cos, sin = self._cos_sin(positions)
+        return self.decoder.forward(ids, positions, seqs, slots, tables, cos, sin, keep)
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary cos and sin ``[rows, head_dim]`` of each position, from the model's module.
+
+        A static kind is looked up in a table the module filled (each position's values are
+        the same products whatever else is in the call), grown as positions grow.
+        """
+        if not self._static:
+            cos, sin = self._rotary(_PROBE, positions.unsqueeze(0))
+            return cos[0], sin[0]
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        if self._table is None or self._table[0].shape[0] < need:
+            size = max(1024, 1 << (need - 1).bit_length())
+            cos, sin = self._rotary(_PROBE, torch.arange(size).unsqueeze(0))
+            self._table = (cos[0].contiguous(), sin[0].contiguous())
+        return self._table[0][positions], self._table[1][positions]
+
+
+# What the rotary module reads of its input: the dtype and device of cos and sin.
+_PROBE = torch.empty(0, dtype=torch.float32)
 
 
 def _refusal(model: Any) -> str | None:

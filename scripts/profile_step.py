@@ -1,11 +1,12 @@
-"""Where one decode step's time goes at 1, 8 and 32 sequences: a torch profiler breakdown.
+"""Where one decode step's time goes at 1, 8 and 32 sequences: kernels against the rest.
 
-``.venv/bin/python scripts/profile_step.py [--dtype auto] [--weights auto]``: decodes 64-token
-prompts and profiles 8 steps per batch size; ops are grouped into matrix products,
-attention (KV store, gather, SDPA), other torch ops (elementwise, norms, sampling), the
-engine's own 4-bit/8-bit kernels (kernels/cpu_quant.c, timed around each call), and the
-rest of the wall time (Python, scheduling, framework dispatch). The float32 CPU decode
-attention kernel (kernels/cpu_attention.c) is timed around its calls and counts as attention.
+``.venv/bin/python scripts/profile_step.py [--model PATH.gguf] [--weights auto]``: decodes
+64-token prompts and times 16 pure decode steps per batch size. On a model the engine's C
+forward runs (GGUF read in place on the CPU, engine/native_forward.py) the step's kernels
+are that one call: matrix products, attention, norms, rotary, activations. What is left is
+the forward's Python (cos and sin from the model's rotary module, the step's arrays) and
+the rest of the step (scheduling, penalties, sampling, outputs). On any other model the
+forward is transformers' and counts as a whole. Run on a quiet machine.
 """
 
 from __future__ import annotations
@@ -13,96 +14,89 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
-from bench_machine import step_until_decoding
-from torch.profiler import ProfilerActivity, profile
+from bench_machine import in_own_thread, step_until_decoding
 
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import load_model
 from paged_llm.engine.sequence import SamplingParams
-from paged_llm.kernels import cpu_attention, cpu_quant
+from paged_llm.kernels import cpu_forward
 
 ROOT = Path(__file__).resolve().parents[1]
-MATMUL = ("mm", "addmm", "bmm", "_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm", "matmul")
-ATTENTION = ("scaled_dot_product", "index_select", "index_put", "index_copy", "_flash_attention")
-
-
-def bucket(name: str) -> str:
-    """The group an aten op's self time counts in."""
-    op = name.removeprefix("aten::")
-    if op in MATMUL:
-        return "matmul"
-    if any(key in op for key in ATTENTION):
-        return "attention"
-    return "other ops"
 
 
 class KernelClock:
-    """Seconds spent in one of the engine's C kernels (not aten ops: the profiler skips them)."""
+    """Seconds spent inside the C forward's library call (wraps the ctypes function)."""
 
-    def __init__(self, module: ModuleType, name: str) -> None:
+    def __init__(self) -> None:
+        """Wrap cf_forward of the loaded library."""
         self.seconds = 0.0
-        self._run = getattr(module, name)
-        setattr(module, name, self._timed)
+        self._lib = cpu_forward._LIBRARY.get()
+        self._run = self._lib.cf_forward
+        self._lib.cf_forward = self
 
-    def _timed(self, *args: object) -> object:
+    def __call__(self, *args: Any) -> int:
+        """Run and time one step's call."""
         started = time.perf_counter()
         try:
-            return self._run(*args)
+            done: int = self._run(*args)
+            return done
         finally:
             self.seconds += time.perf_counter() - started
 
 
-def main() -> None:
-    """Profile decode steps per batch size and print a table (milliseconds per step)."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--weights", default="auto")
-    parser.add_argument("--steps", type=int, default=8)
-    args = parser.parse_args()
-    config = EngineConfig(
-        device="cpu",
-        dtype=args.dtype,
-        weights=args.weights,
-        cache_dir=ROOT / ".cache" / "converted",
-    )
-    loaded = load_model(config)
-    engine = LLMEngine(loaded, config)
-    print(f"{loaded.dtype}, weights {loaded.weights}")
-    clock = KernelClock(cpu_quant, "_in_one_call")
-    # reference.py calls it through the module: wrapping the attribute times every call.
-    attention = KernelClock(cpu_attention, "decode")
-    print(
-        "| sequences | step ms | matmul | attention | other ops | 4/8-bit kernels | Python & rest |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+def profile(engine: LLMEngine, steps: int) -> None:
+    """Print the table for 1, 8 and 32 sequences (milliseconds per step, share of the step)."""
+    native = engine.runner.native is not None
+    clock = KernelClock() if native else None
+    print(f"weights: {engine.loaded.weights}; {engine.runner.forward_text}")
+    print("| sequences | step ms | kernels (C forward) | forward's Python | rest of the step "
+          "| outside the kernels |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|")
     for batch in (1, 8, 32):
-        params = SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
+        params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
         for i in range(batch):
             engine.add_request(list(range(1000 + i, 1064 + i)), params, request_id=f"{batch}-{i}")
-        # Prefill (the token budget spreads 32 prompts over several steps), then warm up:
-        # the profiled steps must all be pure decode steps.
         step_until_decoding(engine)
         engine.step()
-        clock.seconds = attention.seconds = 0.0
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            started = time.perf_counter()
-            for _ in range(args.steps):
-                engine.step()
-            wall = (time.perf_counter() - started) / args.steps * 1e3
-        groups = {"matmul": 0.0, "attention": 0.0, "other ops": 0.0}
-        for event in prof.key_averages():
-            if event.key.startswith("aten::"):
-                groups[bucket(event.key)] += event.self_cpu_time_total / 1e3 / args.steps
-        groups["attention"] += attention.seconds * 1e3 / args.steps
-        groups["kernels"] = clock.seconds * 1e3 / args.steps
-        rest = wall - sum(groups.values())
-        cells = " | ".join(f"{v:.1f} ({v / wall:.0%})" for v in (*groups.values(), rest))
-        print(f"| {batch} | {wall:.1f} | {cells} |", flush=True)
+        forward = 0.0
+        if clock is not None:
+            clock.seconds = 0.0
+        started = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+            forward += engine.runner.last_forward_s
+        wall = (time.perf_counter() - started) / steps * 1e3
+        forward = forward / steps * 1e3
+        kernels = clock.seconds / steps * 1e3 if clock is not None else forward
+        parts = (kernels, forward - kernels, wall - forward)
+        cells = " | ".join(f"{v:.2f} ({v / wall:.0%})" for v in parts)
+        outside = (wall - kernels) / wall if native else float("nan")
+        print(f"| {batch} | {wall:.2f} | {cells} | {outside:.0%} |", flush=True)
         while engine.has_unfinished():
             engine.step()
+
+
+def main() -> None:
+    """Load the model and profile its decode steps, each phase on a thread of its own."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the bundled model)")
+    parser.add_argument("--weights", default="auto")
+    parser.add_argument("--steps", type=int, default=16)
+    args = parser.parse_args()
+    settings: dict[str, Any] = {"model": args.model} if args.model else {}
+    config = EngineConfig(
+        device="cpu",
+        weights=args.weights,
+        kv_budget=2**30,
+        cache_dir=ROOT / ".cache" / "converted",
+        **settings,
+    )
+    loaded = in_own_thread(load_model, config)
+    engine = LLMEngine(loaded, config)
+    profile(engine, args.steps)
 
 
 if __name__ == "__main__":
