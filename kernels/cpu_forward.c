@@ -12,10 +12,12 @@
  * and sin the model's own rotary module worked out, K/V stored into the paged pool (float32,
  * or float16/bfloat16 rounded to nearest even as torch rounds), causal paged attention
  * (cpu_attention.c's spans, a sliding window where the layer has one), the output product
- * added to the residual, RMSNorm, SiLU(gate) * up, and the down product added. Every query
- * row attends as a decode does: a prompt's row i reads keys 0..i of its sequence, those of
- * this step included (stored before any row reads them). The last norm and the head run on
- * the rows that sample only.
+ * added to the residual, RMSNorm, SiLU(gate) * up, and the down product added. A prompt's
+ * row i reads keys 0..i of its sequence, those of this step included (stored before any
+ * row reads them, so prompt and later decodes read the same rounded values); a decode row
+ * goes through cpu_attention.c's spans, consecutive prompt rows through tiles that read
+ * each key once for up to TILE_QUERIES queries. The last norm and the head run on the rows
+ * that sample only.
  */
 #include "gguf_kernels.c"
 #include "cpu_attention.c"
@@ -476,9 +478,9 @@ static void layer_for(const cf_model *m, const cf_layer *L, const cf_step *s, cf
 }
 
 /* Run the step; logits of the kept rows into s->logits. Returns 0; -1 when memory is short
- * or the shapes are beyond the kernels; -2, having changed nothing, when a block table names
- * a block outside the pool or a slot lies outside it; -3 when a token id is outside the
- * vocabulary. */
+ * or the shapes are beyond the kernels; having changed nothing, -2 when a block table names
+ * a block outside the pool or a slot lies outside it, -3 when a token id is outside the
+ * vocabulary, -4 when a kept row is not a row of the step. */
 int cf_forward(const cf_model *m, const cf_step *s)
 {
     const int64_t R = s->rows, kept = s->kept;
@@ -494,7 +496,7 @@ int cf_forward(const cf_model *m, const cf_step *s)
     }
     for (int64_t j = 0; j < kept; j++)
         if (s->keep[j] < 0 || s->keep[j] >= R)
-            return -1;
+            return -4;
     /* Every row reads keys 0..pos of its table: check them once for all layers. */
     int64_t *zeros = calloc((size_t)R, sizeof(int64_t)), *lens = malloc(sizeof(int64_t) * R);
     if (!zeros || !lens) {

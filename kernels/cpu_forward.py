@@ -171,8 +171,8 @@ class Decoder:
         Per query row: its token id, absolute position, sequence (a row of the int32 block
         ``tables``) and KV slot (int64 each); ``cos``/``sin`` ``[rows, head_dim]`` float32
         from the model's rotary module; ``keep`` the rows whose logits are wanted.
-        IndexError when an id is outside the vocabulary or a table or slot outside the
-        pool (nothing is changed then).
+        IndexError when an id is outside the vocabulary, a table or slot outside the pool
+        or a kept row outside the step (nothing is changed then).
         """
         rows = ids.numel()
         longs = [t.to(torch.int64).contiguous() for t in (ids, positions, seqs, slots, keep)]
@@ -194,6 +194,8 @@ class Decoder:
             raise IndexError("a block table or slot names a block outside the KV pool")
         if done == -3:
             raise IndexError(f"a token id is outside the vocabulary of {self._model.embed.n}")
+        if done == -4:
+            raise IndexError(f"a kept row is not one of the step's {rows} rows")
         if done != 0:
             raise RuntimeError("the CPU forward found no memory for its step buffers")
         return logits

@@ -117,6 +117,8 @@ def test_bad_ids_and_tables_are_refused_and_change_nothing() -> None:
         native.forward(torch.tensor([5]), row, row, row, torch.tensor([[10**6]]), row)
     with pytest.raises(IndexError, match="outside the KV pool"):
         native.forward(torch.tensor([5]), row, row, torch.tensor([10**9]), torch.zeros(1, 1), row)
+    with pytest.raises(IndexError, match="kept row"):
+        native.forward(torch.tensor([5]), row, row, row, torch.zeros(1, 1), torch.tensor([1]))
     assert torch.equal(pool, before)
     logits = native.forward(torch.tensor([5]), row, row, row, torch.zeros(1, 1), row)
     assert logits.shape == (1, 512)
