@@ -624,8 +624,8 @@ INLINE int32_t hsum_i32(__m256i v)
  * for R rows: the blocks decoded once, two to a register pair (lo: values 0..15 of both,
  * hi: values 16..31), then for each row the 8 integer sums in slot order and its lanes.
  * Without VNNI the unsigned codes' pair products (maddubs) are added in 16 bits up to 8
- * products (at most 8 * 31 * 127 = 31496), then widened; Q8_0's signed codes (products up
- * to 128 * 127) widen at once. */
+ * products (at most 8 * 31 * 127 = 31496), or 16 for 4-bit codes (16 * 15 * 127 = 30480),
+ * then widened; Q8_0's signed codes (products up to 128 * 127) widen at once. */
 INLINE void small_step_avx2(const int type, const int nblk, const uint8_t *blk, const uint8_t *x,
                             int64_t xstride, int64_t k, int64_t g, int64_t R, __m256 *acc)
 {
@@ -698,6 +698,10 @@ INLINE void small_step_avx2(const int type, const int nblk, const uint8_t *blk, 
 #else
         if (type == T_Q8_0)
             s = _mm256_hadd_epi32(_mm256_hadd_epi32(u[0], u[1]), _mm256_hadd_epi32(u[2], u[3]));
+        else if (type == T_Q4_0 || type == T_Q4_1) /* 16 products of codes <= 15 fit 16 bits */
+            s = _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(u[0], u[1]),
+                                                    _mm256_hadd_epi16(u[2], u[3])),
+                                  ones);
         else
             s = _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_hadd_epi16(u[0], u[1]), ones),
                                   _mm256_madd_epi16(_mm256_hadd_epi16(u[2], u[3]), ones));
@@ -1058,13 +1062,15 @@ static void quantize_row_avx2(int type, const float *x, int64_t k, uint8_t *out)
     memset(out + used, 0, gk_act_bytes(type, k) - used);
 }
 
-/* One row (a decode step's usual call) compiled apart, R a constant there. */
+/* One row (a decode step's usual call) and a full tile compiled apart, R a constant there. */
 #define ONE_ROW_APART(fn)                                                                       \
     INLINE void fn(const int type, const uint8_t *w, int64_t k, const uint8_t *x,               \
                    int64_t xstride, int64_t R, float *y, int64_t ystride)                      \
     {                                                                                          \
         if (R == 1)                                                                            \
             fn##_(type, w, k, x, xstride, 1, y, ystride);                                      \
+        else if (R == RT)                                                                      \
+            fn##_(type, w, k, x, xstride, RT, y, ystride);                                     \
         else                                                                                   \
             fn##_(type, w, k, x, xstride, R, y, ystride);                                      \
     }
