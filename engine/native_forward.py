@@ -61,7 +61,9 @@ class NativeForward:
         model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> tuple[NativeForward | None, str]:
         """The native forward of a model (None when it cannot run it), and a line saying so."""
-        reason = cpu_forward.unavailable()
+        # The model's own refusal first: asking for the library compiles it, which a model
+        # the forward can never run should not pay for.
+        reason = _refusal(model) or cpu_forward.unavailable()
         if reason is None:
             try:
                 return NativeForward(model, kv_caches), "the engine's C forward"
