@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from paged_llm.protocol.defaults import DEFAULT_MODEL, WEIGHT_CHOICES
+
+from .json_bounds import JsonBounds
 
 __all__ = [
     "DEFAULT_MODEL",
     "KV_CACHE_DTYPES",
     "WEIGHT_CHOICES",
     "EngineConfig",
+    "JsonBounds",
     "KVLayout",
     "SchedulerConfig",
 ]
@@ -111,7 +114,8 @@ class EngineConfig:
     :class:`SchedulerConfig`). ``kv_cache_dtype`` is what the KV pool holds: ``auto`` is
     float16 on a CPU engine whose float32 model runs quantized weights (half the bytes per
     block, so twice the blocks for a budget, and half the bytes a decode reads), else the
-    model's dtype (see model_runner.resolve_kv_dtype).
+    model's dtype (see model_runner.resolve_kv_dtype). ``json_bounds`` caps the free values
+    of structured JSON answers (digits, string length, items; see json_bounds.py).
     """
 
     model: str = DEFAULT_MODEL
@@ -134,6 +138,7 @@ class EngineConfig:
     interactive_hold_seconds: float = INTERACTIVE_HOLD_SECONDS
     weights: str = "auto"
     kv_cache_dtype: str = "auto"
+    json_bounds: JsonBounds = field(default_factory=JsonBounds)
 
     def __post_init__(self) -> None:
         """Reject settings that cannot work, naming the setting."""

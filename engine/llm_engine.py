@@ -74,7 +74,10 @@ class LLMEngine:
             kv_dtype=config_kv_dtype(config, loaded),
         )
         self.structured = StructuredOutput(
-            loaded.tokenizer, int(loaded.model.config.vocab_size), loaded.eos_token_ids
+            loaded.tokenizer,
+            int(loaded.model.config.vocab_size),
+            loaded.eos_token_ids,
+            config.json_bounds,
         )
         self.runner.structured = self.structured
         self.recorder = MetricsRecorder()

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .errors import RequestRejected
+from .json_bounds import JsonBounds, bounded
 from .sequence import SamplingParams, Sequence
 
 # Cached compiled grammars, by (field, text); schemas repeat (an AI task, a tool list).
@@ -46,9 +47,16 @@ class StructuredOutput:
     tokens) and any skipped step cannot leave it out of step.
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: tuple[int, ...],
+        bounds: JsonBounds | None = None,
+    ) -> None:
         """Remember the tokenizer; the xgrammar vocabulary is built on first use."""
         self._tokenizer = tokenizer
+        self.bounds = bounds or JsonBounds()
         self.vocab_size = vocab_size
         self._stop_token_ids = list(stop_token_ids)
         self._lock = threading.Lock()
@@ -84,7 +92,7 @@ class StructuredOutput:
             compiler = self._get_compiler()
         field, text = spec
         try:
-            compiled = _compile(compiler, field, text)
+            compiled = _compile(compiler, field, text, self.bounds)
         except (RuntimeError, ValueError, TypeError) as err:
             raise RequestRejected(
                 "invalid_structured_output", f"{field} cannot be enforced: {err}"
@@ -168,20 +176,27 @@ class StructuredOutput:
         self.last_mask_s = time.perf_counter() - started
 
 
-def _compile(compiler: Any, field: str, text: str) -> Any:
-    """Compile one constraint; xgrammar raises on a schema or grammar it cannot handle."""
+def _compile(compiler: Any, field: str, text: str, bounds: JsonBounds) -> Any:
+    """Compile one constraint; xgrammar raises on a schema or grammar it cannot handle.
+
+    JSON (a schema, any object, tool calls) gets ``bounds`` on its free values; a regex
+    or grammar the caller wrote is compiled as written.
+    """
+    xg = _require_xgrammar()
     if field == "json_schema":
         # Compact JSON without free whitespace: small models otherwise drift into endless
         # newlines inside an object until max_tokens.
-        return compiler.compile_json_schema(text, any_whitespace=False, strict_mode=True)
-    if field == "json_object":
-        return compiler.compile_json_schema(
+        grammar = xg.Grammar.from_json_schema(text, any_whitespace=False, strict_mode=True)
+    elif field == "json_object":
+        grammar = xg.Grammar.from_json_schema(
             '{"type": "object"}', any_whitespace=False, strict_mode=False
         )
-    if field == "regex":
+    elif field == "structural_tag":
+        grammar = xg.Grammar.from_structural_tag(text)
+    elif field == "regex":
         return compiler.compile_regex(text)
-    if field == "grammar":
+    elif field == "grammar":
         return compiler.compile_grammar(text)
-    if field == "structural_tag":
-        return compiler.compile_structural_tag(text)
-    raise ValueError(f"unknown structured output field {field!r}")
+    else:
+        raise ValueError(f"unknown structured output field {field!r}")
+    return compiler.compile_grammar(bounded(str(grammar), bounds))

@@ -1,0 +1,141 @@
+"""Free JSON values bounded in the grammar: digits, string length, items; answers that close."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import xgrammar as xg
+from xgrammar.testing import _is_grammar_accept_string as accepts
+
+from paged_llm.engine.json_bounds import JsonBounds, bounded
+from paged_llm.engine.sequence import FinishReason, SamplingParams
+from paged_llm.engine.tool_grammar import tool_call_structural_tag
+
+from support import make_engine
+
+SMALL = JsonBounds(string_chars=5, integer_digits=3, fraction_digits=2, items=2)
+FREE = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "number"},
+        "i": {"type": "integer"},
+        "s": {"type": "string"},
+        "a": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["n", "i", "s", "a"],
+}
+
+
+def _schema_grammars(schema: dict[str, object]) -> tuple[str, str]:
+    """xgrammar's grammar of ``schema`` as written, and with SMALL's bounds."""
+    text = str(xg.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
+    return text, bounded(text, SMALL)
+
+
+def _answer(n: str = "1.5", i: str = "12", s: str = "abc", a: str = '["x", "y"]') -> str:
+    """A FREE answer with the given raw values."""
+    return f'{{"n": {n}, "i": {i}, "s": "{s}", "a": {a}}}'
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"n": "1234"},  # four integer digits
+        {"i": "-1234"},
+        {"n": "1.234"},  # three fraction digits
+        {"n": "1e123"},  # three exponent digits
+        {"s": "abcdef"},  # six characters
+        {"s": 'ab\\"cde'},  # six, one of them escaped
+        {"a": '["x", "y", "z"]'},  # three items
+    ],
+)
+def test_a_value_past_its_bound_is_refused_that_the_free_grammar_takes(values) -> None:
+    """Each bound holds, and each case is one the grammar without bounds accepts."""
+    free, small = _schema_grammars(FREE)
+    text = _answer(**values)
+    assert accepts(free, text)
+    assert not accepts(small, text)
+
+
+def test_values_within_the_bounds_are_all_taken() -> None:
+    """Up to each bound the bounded grammar takes what the free one does."""
+    _, small = _schema_grammars(FREE)
+    for text in (
+        _answer(),
+        _answer(n="-123.45", i="999", s="abcde", a='["abcde", ""]'),
+        _answer(n="0.5e-12", i="0", s='a\\"\\u00e9c', a="[]"),
+    ):
+        assert accepts(small, text), text
+
+
+def test_the_schemas_own_bounds_stay_as_written() -> None:
+    """maxLength above the cap is kept; minLength above it raises the cap to it."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "long": {"type": "string", "maxLength": 8},
+            "least": {"type": "string", "minLength": 7},
+            "level": {"type": "number", "minimum": 0, "maximum": 100000},
+        },
+        "required": ["long", "least", "level"],
+    }
+    _, small = _schema_grammars(schema)
+    assert accepts(small, '{"long": "12345678", "least": "1234567", "level": 100000}')
+    assert not accepts(small, '{"long": "123456789", "least": "1234567", "level": 1}')
+    assert not accepts(small, '{"long": "1", "least": "12345678", "level": 1}')
+
+
+def test_any_json_object_and_tool_calls_are_bounded_too() -> None:
+    """json_object's free values and a tool call's arguments follow the same bounds."""
+    anything = str(xg.Grammar.from_json_schema('{"type": "object"}', strict_mode=False))
+    assert accepts(anything, '{"k": "abcdef"}')
+    assert not accepts(bounded(anything, SMALL), '{"k": "abcdef"}')
+    assert accepts(bounded(anything, SMALL), '{"k": [1.25, "abcde"]}')
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "note",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
+    }
+    tag = tool_call_structural_tag([tool], tool_choice="required")
+    calls = str(xg.Grammar.from_structural_tag(json.dumps(tag)))
+    call = '<tool_call>\n{"name": "note", "arguments": {"text": "%s"}}\n</tool_call>'
+    assert accepts(calls, call % "abcdef")
+    assert not accepts(bounded(calls, SMALL), call % "abcdef")
+    assert accepts(bounded(calls, SMALL), call % "abcde")
+
+
+def test_a_bound_below_one_is_refused_by_name() -> None:
+    """A bound of 0 would refuse every number or string: a clear error instead."""
+    with pytest.raises(ValueError, match="string_chars must be at least 1"):
+        JsonBounds(string_chars=0)
+
+
+def test_greedy_schema_answers_stay_in_bounds_and_close() -> None:
+    """The engine's answers under a free schema end with STOP and keep every bound."""
+    engine = make_engine(vocab_size=49152, json_bounds=SMALL)
+    params = SamplingParams(temperature=0, max_tokens=120, json_schema=FREE)
+    rng = random.Random(7)
+    for n in range(6):
+        prompt = [rng.randrange(3, 512) for _ in range(10)]
+        engine.add_request(prompt, params, request_id=str(n))
+    tokens: dict[str, list[int]] = {}
+    reasons: dict[str, FinishReason | None] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
+            if out.finished:
+                reasons[out.request_id] = out.finish_reason
+    eos = set(engine.loaded.eos_token_ids)
+    for rid, ids in tokens.items():
+        assert reasons[rid] is FinishReason.STOP, engine.tokenizer.decode(ids)
+        data = json.loads(engine.tokenizer.decode([t for t in ids if t not in eos]))
+        assert len(data["s"]) <= 5
+        assert len(data["a"]) <= 2
+        assert all(len(s) <= 5 for s in data["a"])
+        assert abs(data["i"]) < 1000
+        assert isinstance(data["n"], int | float)
+    assert engine.kv_manager.num_used_blocks == 0
