@@ -5,8 +5,8 @@ them; at a long context that copy is most of a decode step's attention (a summar
 tokens, a home's long Assist prompt). The C kernel reads the blocks where they are and
 splits long contexts across the cores. The pool may hold float32, float16 or bfloat16: a
 16-bit pool is converted as it is read, with float32 sums, and halves the bytes read. Built
-like the quantized kernels (native_build.py); where it cannot be built, or for queries in
-other dtypes, the torch path runs.
+into the CPU forward's library (native_build.py; alone where that one does not build);
+where it cannot be built, or for queries in other dtypes, the torch path runs.
 """
 
 from __future__ import annotations
@@ -38,8 +38,11 @@ def unavailable(build_dir: Path | None = None) -> str | None:
 
 
 def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | None, str | None]:
-    """Build (once per source, compiler and CPU) and load the kernel; or say why not."""
-    lib, reason = native_build.load(build_dir, source, "cpu_attention")
+    """Load the kernel (from the forward library where it builds); or say why not.
+
+    Built once per source, compiler and CPU (native_build.load_part).
+    """
+    lib, reason = native_build.load_part(build_dir, source, "cpu_attention")
     if lib is None:
         return None, reason
     lib.paged_decode.argtypes = [_PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR]

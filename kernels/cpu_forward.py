@@ -18,7 +18,7 @@ import torch
 from paged_llm.kernels import gguf_kernels, native_build
 from paged_llm.kernels.cpu_attention import KINDS, MAX_DIM
 
-SOURCE = Path(__file__).with_name("cpu_forward.c")
+SOURCE = native_build.FORWARD_SOURCE
 _PTR = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
@@ -253,8 +253,15 @@ class Decoder:
 
 
 def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | None, str | None]:
-    """Build (once per source, compiler and CPU) and load the library; or say why not."""
-    lib, reason = native_build.load(build_dir, source, "cpu_forward")
+    """Build (once per source, compiler and CPU) and load the library; or say why not.
+
+    The engine's own source is native_build's one forward library, shared with
+    gguf_kernels.py and cpu_attention.py.
+    """
+    if source == SOURCE:
+        lib, reason = native_build.forward(build_dir)
+    else:
+        lib, reason = native_build.load(build_dir, source, "cpu_forward")
     if lib is None:
         return None, reason
     lib.cf_forward.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]

@@ -8,8 +8,9 @@ fly), the activations are quantized per block to 8 bits, and each block's dot pr
 an integer one (AVX2, AVX-VNNI or AVX-512 VNNI, NEON with or without dotprod). A decode
 step then runs near the memory bandwidth. Every (row, output) value is summed in one fixed
 order, the same on every path and whatever else shares the call, so a request gets the same
-bits alone or in a batch. The C source is built with the machine's compiler
-(native_build.py); :func:`unavailable` says why it cannot be used.
+bits alone or in a batch. The C source is built with the machine's compiler as part of
+the CPU forward's library (native_build.py; alone where that one does not build);
+:func:`unavailable` says why it cannot be used.
 """
 
 from __future__ import annotations
@@ -223,8 +224,11 @@ def _scratch(size: int) -> int:
 
 
 def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | None, str | None]:
-    """Build (once per source, compiler and CPU) and load the library; or say why not."""
-    lib, reason = native_build.load(build_dir, source, "gguf_kernels")
+    """Load the kernels (from the forward library where it builds); or say why not.
+
+    Built once per source, compiler and CPU (native_build.load_part).
+    """
+    lib, reason = native_build.load_part(build_dir, source, "gguf_kernels")
     if lib is None:
         return None, reason
     lib.gk_path.restype = ctypes.c_char_p

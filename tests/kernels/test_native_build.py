@@ -1,0 +1,64 @@
+"""One native build for the CPU forward and the kernels it includes; their own as fallback."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+
+from paged_llm.kernels import cpu_attention, cpu_forward, gguf_kernels, native_build
+
+
+def test_the_forward_includes_both_kernel_sources() -> None:
+    assert set(native_build.included(native_build.FORWARD_SOURCE)) == {
+        p.resolve() for p in (cpu_forward.SOURCE, cpu_attention.SOURCE, gguf_kernels.SOURCE)
+    }
+
+
+@pytest.mark.skipif(
+    cpu_forward.unavailable() is not None, reason=f"no C forward: {cpu_forward.unavailable()}"
+)
+def test_the_three_modules_share_the_forward_library() -> None:
+    """A first start compiles the kernels' code once, as the forward's library."""
+    shared = cpu_forward._LIBRARY.get()
+    assert gguf_kernels._LIBRARY.get() is shared
+    assert cpu_attention._LIBRARY.get() is shared
+    assert Path(shared._name).name.startswith("cpu_forward-")
+
+
+def test_without_the_forward_each_kernel_builds_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A compiler that rejects the forward's code still gets the kernels it can build."""
+    monkeypatch.setattr(native_build._FORWARD, "_state", (None, "building them failed"))
+    built: list[tuple[Path, str]] = []
+
+    def load(build_dir: Path, source: Path, name: str) -> tuple[ctypes.CDLL | None, str | None]:
+        """Record the build instead of compiling."""
+        built.append((source, name))
+        return None, "no C compiler ($CC, cc, gcc or clang) on PATH"
+
+    monkeypatch.setattr(native_build, "load", load)
+    assert gguf_kernels.load_library(tmp_path) == (
+        None,
+        "no C compiler ($CC, cc, gcc or clang) on PATH",
+    )
+    assert cpu_attention.load_library(tmp_path)[0] is None
+    assert built == [
+        (gguf_kernels.SOURCE, "gguf_kernels"),
+        (cpu_attention.SOURCE, "cpu_attention"),
+    ]
+
+
+def test_a_source_the_forward_does_not_include_builds_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A test's or benchmark's copy of a kernel is its own build, never the forward's."""
+    other = tmp_path / "other.c"
+    other.write_text("int x;\n")
+    monkeypatch.setattr(
+        native_build, "forward", lambda build_dir: pytest.fail("the forward was built")
+    )
+    monkeypatch.setattr(native_build, "load", lambda *args: (None, f"built {args[1].name}"))
+    assert native_build.load_part(tmp_path, other, "other") == (None, "built other.c")
