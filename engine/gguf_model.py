@@ -15,10 +15,14 @@ its outputs instead (the same values in the same places).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import logging
+import os
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,9 +130,10 @@ def config_and_tokenizer(gguf: Path, cache_dir: Path | None) -> tuple[Any, Any]:
             AutoConfig.from_pretrained(folder, local_files_only=True),
             AutoTokenizer.from_pretrained(folder, local_files_only=True),
         )
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    check_supported(config)  # before the slower tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with _metadata_parsed_once():
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        check_supported(config)  # before the slower tokenizer
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if folder is not None:
         from .loader import publish_folder
 
@@ -139,6 +144,48 @@ def config_and_tokenizer(gguf: Path, cache_dir: Path | None) -> tuple[Any, Any]:
         tokenizer.save_pretrained(tmp)
         publish_folder(tmp, folder)
     return config, tokenizer
+
+
+# One first-time conversion at a time: two at once could each restore the other's patch.
+_PARSE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _metadata_parsed_once() -> Iterator[None]:
+    """Within it, transformers parses a GGUF file's metadata once however often it asks.
+
+    AutoConfig and AutoTokenizer each run transformers' ``load_gguf_checkpoint`` on the
+    file (AutoTokenizer for the config it picks the tokenizer class by), and each run
+    parses every metadata field with gguf's GGUFReader: seconds apiece for a 49k-token
+    vocabulary, twice on a first start. Here the second call gets a copy of the first's
+    result, so config and tokenizer are exactly what transformers builds alone. Calls
+    that read tensors, and a transformers without the function, go through unchanged.
+    """
+    from transformers import modeling_gguf_pytorch_utils
+
+    gguf_utils: Any = modeling_gguf_pytorch_utils  # its function is replaced for a while
+    original = getattr(gguf_utils, "load_gguf_checkpoint", None)
+    if original is None:
+        yield
+        return
+    parsed: dict[str, Any] = {}
+
+    def load_once(path: Any, return_tensors: bool = False, *args: Any, **kwargs: Any) -> Any:
+        """load_gguf_checkpoint, its metadata-only result kept per file; a copy per call."""
+        if return_tensors or args or kwargs:
+            return original(path, return_tensors, *args, **kwargs)
+        key = os.path.realpath(path)
+        if key not in parsed:
+            parsed[key] = original(path, return_tensors=False)
+        # A copy per caller, the first included: a caller may change the dicts it gets.
+        return copy.deepcopy(parsed[key])
+
+    with _PARSE_LOCK:
+        gguf_utils.load_gguf_checkpoint = load_once
+        try:
+            yield
+        finally:
+            gguf_utils.load_gguf_checkpoint = original
 
 
 def check_memory(file: GGUFFile) -> None:

@@ -17,7 +17,12 @@ import torch
 
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
-from paged_llm.engine.gguf_model import GGUFEmbedding, GGUFLinear, cache_folder
+from paged_llm.engine.gguf_model import (
+    GGUFEmbedding,
+    GGUFLinear,
+    cache_folder,
+    config_and_tokenizer,
+)
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import bundled_gguf_path, load_model
 from paged_llm.engine.sequence import SamplingParams
@@ -221,3 +226,41 @@ def test_loading_leaves_no_torch_thread_pool_behind_on_the_calling_thread() -> N
     thread.start()
     thread.join()
     assert counts[1] <= counts[0], f"{counts[1] - counts[0]} threads left behind by loading"
+
+
+def test_a_first_start_parses_the_metadata_once_into_transformers_own_config_and_tokenizer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The config and tokenizer are exactly transformers' own, from one GGUFReader parse."""
+    import gguf
+    from transformers import AutoConfig, AutoTokenizer
+
+    gguf_path = bundled_gguf_path(DEFAULT_MODEL.split(":")[1])
+    parses: list[object] = []
+    reader = gguf.GGUFReader
+
+    def counted(*args: object, **kwargs: object) -> object:
+        """gguf's reader, counted."""
+        parses.append(args[0])
+        return reader(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    config, tokenizer = config_and_tokenizer(gguf_path, None)
+    assert len(parses) == 1
+    monkeypatch.setattr(gguf, "GGUFReader", reader)
+    alone = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    alone_tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    assert config.to_dict() == alone.to_dict()
+    assert type(tokenizer) is type(alone_tokenizer)
+    assert tokenizer.backend_tokenizer.to_str() == alone_tokenizer.backend_tokenizer.to_str()
+    assert tokenizer.special_tokens_map == alone_tokenizer.special_tokens_map
+    assert tokenizer.chat_template == alone_tokenizer.chat_template
+    texts = ["What is the capital of France?", "Turn on the kitchen light ✨ at 7:30", " a\n\tb"]
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        assert ids == alone_tokenizer(text)["input_ids"]
+        assert tokenizer.decode(ids) == alone_tokenizer.decode(ids)
+    # The patch is gone afterwards: transformers' own function again.
+    from transformers import modeling_gguf_pytorch_utils
+
+    assert modeling_gguf_pytorch_utils.load_gguf_checkpoint.__name__ == "load_gguf_checkpoint"
