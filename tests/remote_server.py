@@ -37,6 +37,11 @@ class ServerProcess:
 
     def start(self, timeout: float = 120.0) -> None:
         """Start the server and wait until /health answers 200."""
+        self.launch()
+        self.wait_until_healthy(timeout)
+
+    def launch(self) -> None:
+        """Start the process without waiting, so its load can overlap other setup work."""
         command = [
             sys.executable,
             "-m",
@@ -68,6 +73,10 @@ class ServerProcess:
             start_new_session=True,
         )
         threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
+
+    def wait_until_healthy(self, timeout: float = 120.0) -> None:
+        """Wait until the launched server's /health answers 200; stop it if it never does."""
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -474,12 +474,13 @@ def test_home_assistant_without_torch_answers_through_a_server(
 ) -> None:
     # What a Home Assistant OS user gets: Home Assistant and `paged-llm` without torch,
     # the model on a `paged-llm serve` elsewhere. Set up over REST, then concurrent use.
-    hass_bin = _venv_without_torch(tmp_path / "os")
     server = ServerProcess(tiny_model_dir)
-    server.start()
-    hass = _make_home_assistant(tmp_path, hass_bin)
+    hass: HomeAssistantProcess | None = None
+    server.launch()  # the server loads its model while the virtualenv is built
     try:
+        hass = _make_home_assistant(tmp_path, _venv_without_torch(tmp_path / "os"))
         hass.start()
+        server.wait_until_healthy()
         hass.wait_until_up()
         hass.onboard()
         flow = "/api/config/config_entries/flow"
@@ -537,7 +538,8 @@ def test_home_assistant_without_torch_answers_through_a_server(
         assert float(hass.states()[ttft]["state"]) > 0
         assert hass.stop() == 0
     finally:
-        _kill(hass)
+        if hass is not None:
+            _kill(hass)
         server.stop()
     records = re.split(r"\n(?=\d{4}-\d\d-\d\d )", hass.log.read_text(errors="replace"))
     ours = [r for r in records if "paged_llm" in r]

@@ -39,6 +39,9 @@ LIBRARY = "paged-llm"
 # Requirements of Home Assistant's own components that it would install at run time
 # (one builds C++ from source for minutes); not what this test is about.
 HOME_ASSISTANTS_OWN = ("pyspeex-noise", "aiohasupervisor")
+# What git ignores too: a developer's checkout can hold gigabytes of models in .cache.
+IGNORED_IN_COPY = (".venv", ".git", "bench_results", "*.egg-info", "build", "dist", ".cache")
+IGNORED_IN_COPY += (".hypothesis", ".pytest_cache", ".mypy_cache", ".ruff_cache", "__pycache__")
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
@@ -217,21 +220,23 @@ def _converse(hass: HomeAssistantProcess, agent: str) -> None:
 def test_hacs_install_gets_the_library_from_its_pin_and_upgrades_it(
     tmp_path: Path, socket_enabled: None, tiny_model_dir: Path
 ) -> None:
-    wheels = tmp_path / "wheels"
-    _build_wheel(ROOT, wheels)
-    _repack_installed("prometheus-client", wheels)
-    venv = _home_assistant_only(tmp_path / "ha")
-    assert _installed_version(venv) is None
-    port = _free_port()
-    config_dir = _config_folder(tmp_path, port)
-    manifest_path = config_dir / "custom_components" / "paged_llm" / "manifest.json"
-    assert json.loads(manifest_path.read_text())["requirements"] == [f"{LIBRARY}=={VERSION}"]
-
     server = ServerProcess(tiny_model_dir)
-    server.start()
-    hass = InstallingHomeAssistant(config_dir, port, venv / "bin" / "hass", wheels)
+    hass: InstallingHomeAssistant | None = None
+    server.launch()  # the server loads its model while the wheels and virtualenv are built
     try:
+        wheels = tmp_path / "wheels"
+        _build_wheel(ROOT, wheels)
+        _repack_installed("prometheus-client", wheels)
+        venv = _home_assistant_only(tmp_path / "ha")
+        assert _installed_version(venv) is None
+        port = _free_port()
+        config_dir = _config_folder(tmp_path, port)
+        manifest_path = config_dir / "custom_components" / "paged_llm" / "manifest.json"
+        assert json.loads(manifest_path.read_text())["requirements"] == [f"{LIBRARY}=={VERSION}"]
+
+        hass = InstallingHomeAssistant(config_dir, port, venv / "bin" / "hass", wheels)
         hass.start()
+        server.wait_until_healthy()
         hass.wait_until_up()
         hass.onboard()
         agent = _set_up_remote(hass, server)
@@ -249,7 +254,7 @@ def test_hacs_install_gets_the_library_from_its_pin_and_upgrades_it(
         shutil.copytree(
             ROOT,
             source,
-            ignore=shutil.ignore_patterns(".venv", ".git", "bench_results", "*.egg-info", "build"),
+            ignore=shutil.ignore_patterns(*IGNORED_IN_COPY),
         )
         pyproject = source / "pyproject.toml"
         pyproject.write_text(
@@ -272,5 +277,6 @@ def test_hacs_install_gets_the_library_from_its_pin_and_upgrades_it(
         log = hass.log.read_text(errors="replace")
         assert f"Unable to install package {LIBRARY}" not in log
     finally:
-        _kill(hass)
+        if hass is not None:
+            _kill(hass)
         server.stop()
