@@ -126,7 +126,8 @@ async def test_metrics_are_pushed_and_settle_to_idle() -> None:
     try:
         params = SamplingParams(max_tokens=40, ignore_eos=True)
         await asyncio.gather(*(collect(engine, f"request {i}", params) for i in range(4)))
-        await asyncio.sleep(1.5)
+        # The idle push comes within a second of the last step.
+        await becomes_true(lambda: bool(snapshots) and snapshots[-1].kv_blocks_used == 0, 1.5)
         assert snapshots, "no snapshot was pushed"
         assert any(s.num_requests_running > 0 and s.kv_blocks_used > 0 for s in snapshots)
         gaps = [b.timestamp - a.timestamp for a, b in itertools.pairwise(snapshots)]
@@ -210,7 +211,7 @@ async def test_idle_engine_reports_zero_throughput_once_the_window_passes(monkey
         await asyncio.sleep(0.1)
         assert engine.metrics().generation_throughput > 0
         assert engine.metrics().generation_tokens_total == 8
-        await asyncio.sleep(2.5)
+        await becomes_true(lambda: engine.metrics().generation_throughput == 0, 2.5)
         assert engine.metrics().generation_throughput == 0
     finally:
         await engine.stop()
@@ -303,11 +304,18 @@ async def test_a_short_run_right_after_a_push_is_pushed_too() -> None:
     try:
         params = SamplingParams(max_tokens=4, ignore_eos=True)
         await collect(engine, "first", params)
-        await asyncio.sleep(1.2)  # the idle push comes within a second
+        # The idle push comes within a second.
+        await becomes_true(lambda: bool(snapshots) and snapshots[-1].num_requests_running == 0, 1.2)
         assert snapshots[-1].num_requests_running == 0
         pushed = len(snapshots)
         await collect(engine, "second", params)
-        await asyncio.sleep(1.2)
+        await becomes_true(
+            lambda: (
+                any(s.num_requests_running == 1 for s in snapshots[pushed:])
+                and snapshots[-1].num_requests_running == 0
+            ),
+            1.2,
+        )
         assert any(s.num_requests_running == 1 for s in snapshots[pushed:]), snapshots[pushed:]
         assert snapshots[-1].num_requests_running == 0
     finally:
