@@ -10,12 +10,19 @@ from typing import Any
 
 import torch
 
+from .closing import Closer
 from .errors import RequestRejected
 from .json_bounds import JsonBounds, bounded
 from .sequence import SamplingParams, Sequence
 
 # Cached compiled grammars, by (field, text); schemas repeat (an AI task, a tool list).
 _CACHE_LIMIT = 256
+# Every this many output tokens a request's way to its grammar's end is measured again
+# (its length decides when the end must be forced); closer to max_tokens, every token.
+_CLOSING_EVERY = 16
+# Tokens kept in hand beyond the way to the end: one free token can lengthen the way (a
+# number's sign, an object opened), so the end is forced while this many are still spare.
+_CLOSING_SPARE = 8
 
 
 def _require_xgrammar() -> Any:
@@ -35,6 +42,11 @@ class _Tracker:
 
     matcher: Any
     num_accepted: int = 0
+    # Tokens left at which the way to the end is measured every step (twice its last length
+    # and some): far from max_tokens it is measured only every _CLOSING_EVERY tokens.
+    closing_window: int = 1 << 30
+    # Once the end must be forced: the rest of the way, token by token.
+    closing: list[int] | None = None
 
 
 class StructuredOutput:
@@ -65,6 +77,7 @@ class StructuredOutput:
         self._trackers: dict[str, _Tracker] = {}
         self._bitmask: torch.Tensor | None = None
         self._batch: Any = None
+        self._closer: Closer | None = None
         # Seconds the last step spent filling and applying masks (benchmarks read it).
         self.last_mask_s = 0.0
 
@@ -156,10 +169,14 @@ class StructuredOutput:
             bitmask = xg.allocate_token_bitmask(max(len(seqs), 8), self.vocab_size)
             self._bitmask = bitmask
         matchers = []
+        forced: dict[int, int] = {}
         for i in rows:
             seq = seqs[i]
             self.sync(seq)  # the engine syncs after each step; this covers any other caller
             matchers.append(self._trackers[seq.request_id].matcher)
+            token = self._closing_token(seq)
+            if token is not None:
+                forced[i] = token
         if self._batch is None:
             self._batch = xg.BatchGrammarMatcher(max_threads=2)
         self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
@@ -173,7 +190,38 @@ class StructuredOutput:
             logits.copy_(masked)
         else:
             xg.apply_token_bitmask_inplace(logits, mask, vocab_size=self.vocab_size, indices=rows)
+        for i, token in forced.items():
+            logits[i].fill_(float("-inf"))
+            logits[i, token] = 0.0
         self.last_mask_s = time.perf_counter() - started
+
+    def _closing_token(self, seq: Sequence) -> int | None:
+        """The token a request must take now to reach its grammar's end by max_tokens.
+
+        None while the way to the end (and the end token) fits in what is left with
+        _CLOSING_SPARE tokens to spare, where the answer may already end (a regex such as
+        ``[a-z ]+`` is whole wherever it is cut), or when no way is found.
+        """
+        tracker = self._trackers[seq.request_id]
+        if tracker.closing is None:
+            produced = seq.num_output_tokens
+            left = seq.params.max_tokens - produced
+            if left > tracker.closing_window and produced % _CLOSING_EVERY:
+                return None
+            if self._closer is None:
+                self._closer = Closer(self._tokenizer, self.vocab_size)
+            path = self._closer.path(tracker.matcher)
+            if not path:  # no way found, or it may end here: a cut leaves a whole answer
+                return None
+            tracker.closing_window = 2 * len(path) + 2 * _CLOSING_SPARE
+            if len(path) + 1 + _CLOSING_SPARE < left:
+                return None
+            # Held to this path from now on: measured again from each later state, a path
+            # may come out a token longer (another split of the same text).
+            tracker.closing = path
+        if tracker.closing:
+            return tracker.closing.pop(0)
+        return self._stop_token_ids[0] if self._stop_token_ids else None
 
 
 def _compile(compiler: Any, field: str, text: str, bounds: JsonBounds) -> Any:
