@@ -56,7 +56,15 @@ from bench_llama_cpp import (
     skip_reason,
     stream_completion,
 )
-from gguf_models import FORMATS, SHAPES, Shape, ensure_models, parse_list, shape_of
+from gguf_models import (
+    BUNDLED_SHAPE,
+    FORMATS,
+    SHAPES,
+    Shape,
+    ensure_models,
+    parse_list,
+    shape_of,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGED_LLM = ROOT / ".venv" / "bin" / "paged-llm"
@@ -540,6 +548,9 @@ def main() -> None:
     parser.add_argument("--shapes", default=None, help="comma-separated, default all")
     parser.add_argument("--formats", default=None, help="comma-separated, default all")
     parser.add_argument("--quick", action="store_true", help="32 tokens, 360m Q4_0 only")
+    parser.add_argument(
+        "--bundled", action="store_true", help="the bundled 135M model's own file only"
+    )
     parser.add_argument("--tokens", type=int, help="decode tokens per request (default 128)")
     parser.add_argument("--repeats", type=int, help="first-token repeats per length (default 3)")
     parser.add_argument("--seed", type=int, default=0)
@@ -558,7 +569,13 @@ def main() -> None:
     binary = build_server()
     if binary is None:
         raise SystemExit(skip_reason())
-    files = ensure_models(shapes, formats, args.seed)
+    if args.bundled:
+        from paged_llm.engine.loader import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf_path
+
+        bundled = bundled_gguf_path(DEFAULT_MODEL.removeprefix(BUNDLED_PREFIX))
+        files = {(BUNDLED_SHAPE.key, "Q4_1"): bundled}
+    else:
+        files = ensure_models(shapes, formats, args.seed)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
@@ -570,7 +587,7 @@ def main() -> None:
     }
     path = args.out / f"gguf-{stamp}.json"
     for (key, fmt), gguf in files.items():
-        shape, _ = shape_of(gguf)
+        shape = BUNDLED_SHAPE if args.bundled else shape_of(gguf)[0]
         entry: dict[str, Any] = {
             "shape": key,
             "shape_name": shape.name,

@@ -141,6 +141,23 @@ SHAPES: dict[str, Shape] = {
     ),
 }
 
+# The bundled model (SmolLM2-135M-Instruct, its shipped Q4_1 file), which
+# bench_gguf.py --bundled runs as it is: nothing is built for it.
+BUNDLED_SHAPE = Shape(
+    key="135m",
+    name="SmolLM2-135M",
+    model_type="llama",
+    hidden=576,
+    intermediate=1536,
+    layers=30,
+    heads=9,
+    kv_heads=3,
+    vocab=49152,
+    rope_theta=100000.0,
+    max_positions=8192,
+    rms_norm_eps=1e-5,
+)
+
 
 def parse_list(text: str, known: Iterable[str], what: str) -> list[str]:
     """A comma-separated list checked against the known names."""
