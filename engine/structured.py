@@ -45,8 +45,9 @@ class _Tracker:
     # Tokens left at which the way to the end is measured every step (twice its last length
     # and some): far from max_tokens it is measured only every _CLOSING_EVERY tokens.
     closing_window: int = 1 << 30
-    # Once the end must be forced: the rest of the way, token by token.
+    # Once the end must be forced: the way, and how many output tokens came before it.
     closing: list[int] | None = None
+    closing_from: int = 0
 
 
 class StructuredOutput:
@@ -203,8 +204,8 @@ class StructuredOutput:
         ``[a-z ]+`` is whole wherever it is cut), or when no way is found.
         """
         tracker = self._trackers[seq.request_id]
+        produced = seq.num_output_tokens
         if tracker.closing is None:
-            produced = seq.num_output_tokens
             left = seq.params.max_tokens - produced
             if left > tracker.closing_window and produced % _CLOSING_EVERY:
                 return None
@@ -218,9 +219,12 @@ class StructuredOutput:
                 return None
             # Held to this path from now on: measured again from each later state, a path
             # may come out a token longer (another split of the same text).
-            tracker.closing = path
-        if tracker.closing:
-            return tracker.closing.pop(0)
+            tracker.closing, tracker.closing_from = path, produced
+        # By position, not popped: a step that masks a row twice (one row failing in a batch)
+        # must force the same token both times.
+        step = produced - tracker.closing_from
+        if step < len(tracker.closing):
+            return tracker.closing[step]
         return self._stop_token_ids[0] if self._stop_token_ids else None
 
 

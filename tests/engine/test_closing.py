@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import pytest
+import torch
 import xgrammar as xg
 
 from paged_llm.engine.closing import Closer
@@ -146,3 +147,21 @@ def test_the_path_leaves_the_requests_matcher_where_it_was(engine) -> None:
     data = json.loads('{"celsius": 21.5, "rooms": ["hall", "ki' + ending)
     assert data["rooms"] == ["hall", "ki"]
     assert len(path) <= _shortest(engine, SamplingParams(json_schema=SCHEMAS[1]))
+
+
+def test_a_row_masked_twice_is_forced_to_the_same_token(engine) -> None:
+    """A step that masks a row again (one row failing in a batch) forces the same token."""
+    shortest = _shortest(engine, SamplingParams(json_schema=SCHEMAS[1]))
+    params = SamplingParams(temperature=0, max_tokens=shortest, json_schema=SCHEMAS[1])
+    seq = engine.add_request([5, 6, 7, 8], params, request_id="twice")
+    engine.step()
+    picks = []
+    for _ in range(2):
+        logits = torch.zeros(1, VOCAB)
+        engine.structured.apply(logits, [seq])
+        assert int(torch.isfinite(logits).sum()) == 1
+        picks.append(int(logits.argmax()))
+    assert picks[0] == picks[1]
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.kv_manager.num_used_blocks == 0
