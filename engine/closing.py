@@ -31,7 +31,7 @@ class Closer:
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         """Find the single tokens of the closing characters and every token's length."""
-        self._quote = _single_token(tokenizer, '"')
+        self.quote = _single_token(tokenizer, '"')
         self._probe = _single_token(tokenizer, _PROBE)
         spelled = [text for c in _OUTSIDE for text in (c, " " + c)]
         self._outside = [t for t in (_single_token(tokenizer, c) for c in spelled) if t >= 0]
@@ -67,8 +67,8 @@ class Closer:
         """Take, on ``fork``, the token that ends things soonest; None when nothing fits."""
         if self._probe >= 0 and fork.accept_token(self._probe):
             fork.rollback(1)
-            if self._quote >= 0 and fork.accept_token(self._quote):
-                return self._quote
+            if self.quote >= 0 and fork.accept_token(self.quote):
+                return self.quote
         for token in self._outside:
             if fork.accept_token(token):
                 return token

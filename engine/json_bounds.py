@@ -11,12 +11,13 @@ its own parser reads back):
   ``fraction_digits``, and of the items that follow an array's or object's first one so
   that it holds ``items`` at most.
 
-Strings are left free: a bounded run of string characters (``c{0, 1000}``) defeats
-xgrammar's precomputed token masks, and filling a mask inside such a string took 30-300 ms
-a token against well under 1 ms. A string that runs on is ended instead by the engine's
-closing (engine/closing.py), which holds an answer to its shortest way to the end as
-``max_tokens`` nears. A schema's own bounds (``maxLength``, ``maxItems``, numeric ranges)
-stay as written.
+Strings are left free in the grammar: a bounded run of string characters (``c{0, 1000}``)
+defeats xgrammar's precomputed token masks, and filling a mask inside such a string took
+30-300 ms a token against well under 1 ms. ``string_chars`` is kept by the engine instead
+(structured.py: once an open string has that many characters, its closing quote is forced
+where the grammar takes it), and engine/closing.py holds an answer to its shortest way to
+the end as ``max_tokens`` nears. A schema's own bounds (``maxLength``, ``maxItems``,
+numeric ranges) stay as written.
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ _MORE_DIGITS = "[0-9]*"
 
 @dataclass(slots=True, frozen=True)
 class JsonBounds:
-    """How far a free JSON number or array may grow (each at least 1)."""
+    """How far a free JSON number, string or array may grow (each at least 1)."""
 
+    string_chars: int = 1000
     integer_digits: int = 15
     fraction_digits: int = 10
     items: int = 64
 
     def __post_init__(self) -> None:
         """Refuse a bound below 1, naming it."""
-        for name in ("integer_digits", "fraction_digits", "items"):
+        for name in ("string_chars", "integer_digits", "fraction_digits", "items"):
             if getattr(self, name) < 1:
                 raise ValueError(f"json bound {name} must be at least 1, got {getattr(self, name)}")
 
@@ -59,3 +61,23 @@ def _repeat(match: re.Match[str], bounds: JsonBounds) -> str:
     else:  # the items after an array's or object's first one
         limit = bounds.items - 1
     return f"{ref}{{{low}, {max(low, limit)}}}"
+
+
+def open_string_length(text: str) -> int:
+    """Characters of the JSON string still open at the end of ``text`` (-1 if none is open).
+
+    Escapes count as the characters they are written with; text outside JSON (a tool
+    call's tags) holds no quotes, so it does not disturb the count.
+    """
+    start, escaped = -1, False
+    for i, char in enumerate(text):
+        if start < 0:
+            if char == '"':
+                start = i + 1
+        elif escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            start = -1
+    return -1 if start < 0 else len(text) - start

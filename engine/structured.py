@@ -12,11 +12,15 @@ import torch
 
 from .closing import Closer
 from .errors import RequestRejected
-from .json_bounds import JsonBounds, bounded
+from .json_bounds import JsonBounds, bounded, open_string_length
 from .sequence import SamplingParams, Sequence
 
 # Cached compiled grammars, by (field, text); schemas repeat (an AI task, a tool list).
 _CACHE_LIMIT = 256
+# The fields whose answers are JSON (a tool call's tags around it hold no quotes).
+_JSON_FIELDS = ("json_schema", "json_object", "structural_tag")
+# Characters a token spells at most, for a cheap lower bound on an output's length.
+_TOKEN_CHARS = 16
 # Every this many output tokens a request's way to its grammar's end is measured again
 # (its length decides when the end must be forced); closer to max_tokens, every token.
 _CLOSING_EVERY = 16
@@ -42,6 +46,8 @@ class _Tracker:
 
     matcher: Any
     num_accepted: int = 0
+    # Whether the answer is JSON, whose strings the engine caps at bounds.string_chars.
+    json: bool = False
     # Tokens left at which the way to the end is measured every step (twice its last length
     # and some): far from max_tokens it is measured only every _CLOSING_EVERY tokens.
     closing_window: int = 1 << 30
@@ -123,7 +129,9 @@ class StructuredOutput:
         if compiled is None:
             return
         xg = _require_xgrammar()
-        self._trackers[seq.request_id] = _Tracker(xg.GrammarMatcher(compiled))
+        spec = seq.params.structured
+        json = spec is not None and spec[0] in _JSON_FIELDS
+        self._trackers[seq.request_id] = _Tracker(xg.GrammarMatcher(compiled), json=json)
 
     def is_constrained(self, request_id: str) -> bool:
         """Whether the request decodes under a grammar."""
@@ -196,6 +204,19 @@ class StructuredOutput:
             logits[i, token] = 0.0
         self.last_mask_s = time.perf_counter() - started
 
+    def _string_too_long(self, seq: Sequence) -> bool:
+        """Whether the answer's open string has reached the cap and its grammar may close it."""
+        cap = self.bounds.string_chars
+        if seq.num_output_tokens * _TOKEN_CHARS < cap:
+            return False
+        text = self._tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        if open_string_length(text) < cap:
+            return False
+        if self._closer is None:
+            self._closer = Closer(self._tokenizer, self.vocab_size)
+        fork = self._trackers[seq.request_id].matcher.fork()
+        return self._closer.quote >= 0 and bool(fork.accept_token(self._closer.quote))
+
     def _closing_token(self, seq: Sequence) -> int | None:
         """The token a request must take now to reach its grammar's end by max_tokens.
 
@@ -205,6 +226,8 @@ class StructuredOutput:
         """
         tracker = self._trackers[seq.request_id]
         produced = seq.num_output_tokens
+        if tracker.closing is None and tracker.json and self._string_too_long(seq):
+            return self._closer.quote if self._closer is not None else None
         if tracker.closing is None:
             left = seq.params.max_tokens - produced
             if left > tracker.closing_window and produced % _CLOSING_EVERY:

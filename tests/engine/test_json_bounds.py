@@ -9,7 +9,7 @@ import pytest
 import xgrammar as xg
 from xgrammar.testing import _is_grammar_accept_string as accepts
 
-from paged_llm.engine.json_bounds import JsonBounds, bounded
+from paged_llm.engine.json_bounds import JsonBounds, bounded, open_string_length
 from paged_llm.engine.sequence import FinishReason, SamplingParams
 from paged_llm.engine.tool_grammar import tool_call_structural_tag
 
@@ -136,4 +136,33 @@ def test_greedy_schema_answers_stay_in_bounds_and_close() -> None:
         assert len(data["a"]) <= 2
         assert abs(data["i"]) < 1000
         assert isinstance(data["n"], int | float)
+    assert engine.kv_manager.num_used_blocks == 0
+
+
+def test_open_string_length_follows_quotes_and_escapes() -> None:
+    """The open string's length, escapes included; -1 once every string is closed."""
+    assert open_string_length('{"a": "xyz') == 3
+    assert open_string_length('{"a": "x\\"y') == 4
+    assert open_string_length('{"a": "x\\\\"') == -1
+    assert open_string_length('<tool_call>\n{"k') == 1
+    assert open_string_length('{"a": 1}') == -1
+
+
+def test_free_strings_end_at_the_engines_cap() -> None:
+    """A string without maxLength is closed once it holds string_chars characters."""
+    engine = make_engine(vocab_size=49152, json_bounds=JsonBounds(string_chars=8))
+    params = SamplingParams(temperature=0, max_tokens=200, json_schema=FREE)
+    rng = random.Random(3)
+    for n in range(4):
+        engine.add_request([rng.randrange(3, 512) for _ in range(8)], params, request_id=str(n))
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
+    eos = set(engine.loaded.eos_token_ids)
+    for ids in tokens.values():
+        data = json.loads(engine.tokenizer.decode([t for t in ids if t not in eos]))
+        # The cap, and at most one token's characters past it (the token that reached it).
+        for text in [data["s"], *data["a"]]:
+            assert len(text) < 8 + 16, text
     assert engine.kv_manager.num_used_blocks == 0
