@@ -70,6 +70,9 @@ class _Step:
     other_prefill: set[Priority] = field(default_factory=set)
     # Set while interactive prefill waits under the latency policy: the step is theirs.
     focus: bool = False
+    # Seconds of other classes' work the step may still add while interactive requests
+    # decode (may go below zero: a debt later steps repay); None when no such limit holds.
+    extra: float | None = None
 
 
 class Scheduler:
@@ -94,8 +97,11 @@ class Scheduler:
     out, so a voice query's first token costs about what it costs on an idle engine
     (should the interactive request not start after all, the others lose that one step).
     Such focus steps in a row stop once they have lasted ``interactive_step_seconds``: then
-    everyone runs one step. Admission looks the prefix up once (``get_computed_blocks``),
-    then ``allocate_slots`` takes it or fails; a waiting
+    everyone runs one step. While interactive requests decode, the others' decodes and
+    prefill chunks share those steps only within ``interactive_slowdown`` of the
+    interactive decodes' own predicted time, on average (:meth:`_share`), so a voice
+    answer decodes near its idle speed. Admission looks the prefix up once
+    (``get_computed_blocks``), then ``allocate_slots`` takes it or fails; a waiting
     sequence that cannot start ends admissions for its base class and those below for the
     step (no overtaking within a class); higher classes may pass it for a bounded time
     (:meth:`_passing`).
@@ -126,6 +132,13 @@ class Scheduler:
         self._focus_since: float | None = None
         # Smoothed seconds of the focus steps measured so far (None: none yet).
         self._focus_seconds: float | None = None
+        # Seconds of other classes' work interactive decode steps still owe them (or, when
+        # negative, took beyond their share): see _share.
+        self._allowance = 0.0
+        # Steps scheduled so far, and the step in which each sequence last had a chunk:
+        # under the allowance, the least recently served goes first.
+        self._num_steps = 0
+        self._served: dict[str, int] = {}
         # The shape, start time and focus flag of the step between schedule() and update().
         self._measuring: tuple[StepShape, float, bool] | None = None
         self.num_preemptions = 0
@@ -257,9 +270,13 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Build the next batch: decodes, then prefill chunks in queue order."""
         now = self._clock()
+        self._num_steps += 1
         seconds, focus = self._step_time(now)
         step = _Step(now, self.config.max_num_batched_tokens, seconds, focus=focus)
         prefilling: list[Sequence] = []
+        # Under a time budget, interactive decodes go first; the others' follow, or share
+        # what the interactive decodes allow with the prefills (_share).
+        others: list[Sequence] | None = [] if seconds is not None else None
         for seq in list(self._running):
             if seq.status is not RUNNING:
                 continue  # preempted earlier in this loop
@@ -268,16 +285,52 @@ class Scheduler:
                 prefilling.append(seq)
             elif left != 1 or step.budget == 0 or self._sits_out(seq, step):
                 continue
+            elif others is not None and seq.priority is not Priority.INTERACTIVE:
+                others.append(seq)
             elif self._fit(seq, 1, NO_HITS, step):
                 self._add_chunk(seq, 1, step)
-        if step.budget > 0 and (prefilling or self._waiting):
-            self._schedule_prefills(prefilling, step)
+        sharing: list[Sequence] = []
+        if others is not None:
+            sharing = self._share(others, step)
+        if step.budget > 0 and (prefilling or sharing or self._waiting):
+            self._schedule_prefills(prefilling + sharing, step)
+        if step.extra is not None:
+            self._allowance = step.extra
+        elif not step.focus:
+            self._allowance = 0.0
         chunks = list(step.chunks.values())
         if chunks:
             self._measuring = (step.shape, self._timer(), step.focus)
         return SchedulerOutput(
             chunks, step.preempted, self.config.max_num_batched_tokens - step.budget
         )
+
+    def _share(self, others: list[Sequence], step: _Step) -> list[Sequence]:
+        """Add other classes' decodes, or return them to share an allowance with prefills.
+
+        While interactive requests decode, the step's other work is paid from an allowance:
+        each such step adds ``interactive_slowdown - 1`` times the predicted cost of the
+        interactive decodes alone, and every other decode or prefill chunk spends its
+        predicted cost (one may overdraw: later steps repay it). So a voice answer's time
+        per output token stays near its idle one, whatever the background reads, and the
+        background still moves on, in the steps between and whenever no voice decodes.
+        Those decodes are returned to be ordered with the prefills (least recently served
+        first); without interactive decodes, every other decode is added here.
+        """
+        if any(c.seq.priority is Priority.INTERACTIVE for c in step.chunks.values()):
+            alone = self.cost_model.predict(step.shape)
+            earned = (self.config.interactive_slowdown - 1.0) * alone
+            # Credit is capped at one step budget: a quiet stretch does not buy a long step.
+            step.extra = min(self._allowance + earned, self._budget())
+            return others
+        for seq in others:
+            if seq.status is RUNNING and step.budget > 0 and self._fit(seq, 1, NO_HITS, step):
+                self._add_chunk(seq, 1, step)
+        return []
+
+    def _last_served(self, seq: Sequence) -> int:
+        """The step in which ``seq`` last had a chunk (-1: never)."""
+        return self._served.get(seq.request_id, -1)
 
     @staticmethod
     def _sits_out(seq: Sequence, step: _Step) -> bool:
@@ -334,12 +387,20 @@ class Scheduler:
             return most
         return min(most, max(BUDGET_FLOOR_SHARE * most, self._focus_seconds))
 
-    def _schedule_prefills(self, prefilling: list[Sequence], step: _Step) -> None:
-        """Give the rest of the budget to running prefills and waiting sequences, in order."""
+    def _schedule_prefills(self, running: list[Sequence], step: _Step) -> None:
+        """Give the rest of the budget to running sequences and waiting ones, in order.
+
+        ``running`` holds the running prefills and the decodes that share the interactive
+        decodes' allowance.
+        """
         aging = self.config.aging_seconds
-        tickets = [self._tickets[seq.request_id] for seq in prefilling]
+        tickets = [self._tickets[seq.request_id] for seq in running]
         tickets.extend(self._waiting.ordered(step.now))
         tickets.sort(key=lambda ticket: ticket.rank(step.now, aging))
+        if step.extra is not None:
+            # The least recently served go first, so the first in rank (an aged summary)
+            # does not spend every allowance while an automation waits.
+            tickets.sort(key=lambda ticket: self._last_served(ticket.seq))
         # Base classes that may still start behind a waiting sequence that could not.
         passing = len(Priority)
         for ticket in tickets:
@@ -350,6 +411,11 @@ class Scheduler:
                 continue  # not in the step that preempted it, nor in the voice's step
             if seq.status is RUNNING:
                 start = seq.num_computed_tokens
+                if seq.num_tokens - start == 1:  # a decode, under the allowance (_share)
+                    spare = step.extra is None or step.extra > 0
+                    if spare and self._fit(seq, 1, NO_HITS, step):
+                        self._add_chunk(seq, 1, step)
+                    continue
                 num_tokens = self._chunk_size(seq, start, seq.num_tokens - start, step)
                 if num_tokens and self._fit(seq, num_tokens, NO_HITS, step):
                     self._add_chunk(seq, num_tokens, step)
@@ -374,7 +440,14 @@ class Scheduler:
         num_tokens = min(left, step.budget)
         if step.seconds is None or seq.priority is Priority.INTERACTIVE:
             return num_tokens
-        fits = self.cost_model.max_chunk(step.shape, start, step.seconds)
+        model = self.cost_model
+        fits = model.max_chunk(step.shape, start, step.seconds)
+        if step.extra is not None:
+            if step.extra <= 0:
+                return 0  # the interactive decodes' share is spent: a later step
+            fits = min(
+                fits, model.max_chunk(step.shape, start, model.predict(step.shape) + step.extra)
+            )
         block = self.kv_manager.block_size
         if fits < min(num_tokens, block):
             # Over the budget already: each class's first chunk still gets a block, so its
@@ -457,8 +530,14 @@ class Scheduler:
         """Put ``num_tokens`` of ``seq`` (blocks already allocated) into the step."""
         start = seq.num_computed_tokens
         step.chunks[seq.request_id] = ScheduledChunk(seq, start, num_tokens)
+        self._served[seq.request_id] = self._num_steps
         step.budget -= num_tokens
+        if step.extra is None or seq.priority is Priority.INTERACTIVE:
+            step.shape.add(start, num_tokens)
+            return
+        before = self.cost_model.predict(step.shape)
         step.shape.add(start, num_tokens)
+        step.extra -= self.cost_model.predict(step.shape) - before
 
     def _preempt(self, seq: Sequence, step: _Step) -> None:
         """Free a running sequence's blocks and requeue it at the head of its class."""
@@ -543,6 +622,7 @@ class Scheduler:
         self.kv_manager.free(seq)
         del self._seqs[rid]
         self._tickets.pop(rid, None)
+        self._served.pop(rid, None)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.finished_time = now

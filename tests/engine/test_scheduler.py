@@ -197,8 +197,14 @@ def test_most_recently_started_is_preempted_within_a_class() -> None:
 @pytest.mark.parametrize("prefix", [True, False])
 def test_preempted_request_resumes_with_all_its_tokens(prefix: bool) -> None:
     clock = FakeClock()
+    # The fixed policy: recompute in one chunk, whatever the (real) step timer measures.
     sched = make_sched(
-        num_blocks=8, block_size=4, clock=clock, prefix=prefix, max_num_batched_tokens=64
+        num_blocks=8,
+        block_size=4,
+        clock=clock,
+        prefix=prefix,
+        max_num_batched_tokens=64,
+        step_policy="fixed",
     )
     g = make_seq("g", 10, 12, BG)
     i = make_seq("i", 10, 12, INT)

@@ -161,15 +161,58 @@ def test_a_step_with_voice_prefill_is_the_voices_alone() -> None:
     sched.add(seq("chat", 20, Priority.INTERACTIVE, 50))
     for _ in range(3):
         run_step(sched, timer)
-    chunks, _ = run_step(sched, timer)
-    assert {rid for rid, _ in chunks} == {"doc", "auto", "chat"}  # all three move on
+    assert moved(sched, timer, 20) == {"doc", "auto", "chat"}  # all three move on
     sched.add(seq("voice", 40, Priority.INTERACTIVE, 30))
     # The voice's prefill step: the other voice decodes with it, nothing else runs.
     chunks, _ = run_step(sched, timer)
     assert chunks == [("chat", 1), ("voice", 40)]
-    # Prefill done: the others come back in the next step.
+    # Prefill done: the others come back within the voices' share of the next steps.
+    assert moved(sched, timer, 20) == {"doc", "auto", "chat", "voice"}
+
+
+def moved(sched: Scheduler, timer: StepTimer, steps: int) -> set[str]:
+    """Who had a chunk in the next ``steps`` steps."""
+    return {rid for _ in range(steps) for rid, _ in run_step(sched, timer)[0]}
+
+
+def test_a_voice_answer_decodes_near_its_idle_step_time_while_a_document_is_read() -> None:
+    """Other work shares a decoding voice's steps only within interactive_slowdown."""
+    sched, timer = make("latency")
+    train(sched, timer)
+    for i in range(6):  # summary parts that decode
+        sched.add(seq(f"part-{i}", 300, Priority.BACKGROUND, 1000))
+    sched.add(seq("auto", 200, Priority.AUTOMATION, 1000))
+    sched.add(seq("doc", 8000, Priority.BACKGROUND, 4))
+    for _ in range(6):
+        run_step(sched, timer)
+    sched.add(seq("voice", 40, Priority.INTERACTIVE, 300))
+    run_step(sched, timer)  # the voice's prefill, alone
+    costs: list[float] = []
+    alone: list[float] = []
+    tokens = dict.fromkeys(["doc", "auto", *(f"part-{i}" for i in range(6))], 0)
+    doc_before = sched.get("doc").num_computed_tokens  # type: ignore[union-attr]
+    while sched.get("voice") is not None:
+        context = sched.get("voice").num_tokens  # type: ignore[union-attr]
+        chunks, cost = run_step(sched, timer)
+        costs.append(cost)
+        only = StepShape()
+        only.add(context - 1, 1)
+        alone.append(true_cost(only))
+        for rid, n in chunks:
+            if rid in tokens:
+                tokens[rid] += n
+    # The voice's time per output token: within the slowdown of its steps alone (the last
+    # chunk's overdraw spread over 300 tokens adds a little).
+    slowdown = sched.config.interactive_slowdown
+    assert sum(costs) <= slowdown * sum(alone) * 1.03
+    assert max(costs) < sched.config.interactive_step_seconds  # no step of a full budget
+    # Everyone else moved on meanwhile: the document's prompt and every decode.
+    assert sched.get("doc").num_computed_tokens > doc_before  # type: ignore[union-attr]
+    assert min(tokens.values()) >= 10, tokens
+    # Voice done and the hold over: the whole token budget again.
+    timer.now += sched.config.interactive_hold_seconds + 0.1
     chunks, _ = run_step(sched, timer)
-    assert {rid for rid, _ in chunks} == {"doc", "auto", "chat", "voice"}
+    assert dict(chunks)["doc"] > 256
 
 
 def test_a_long_voice_prompt_lets_the_others_run_every_other_step() -> None:
@@ -211,14 +254,17 @@ def test_an_automation_starts_beside_an_aged_summary_prefill_under_the_budget() 
         run_step(sched, timer)
     timer.now += 2 * sched.config.aging_seconds  # the summary now ranks with automations
     sched.add(seq("auto", 300, Priority.AUTOMATION, 20))
-    chunks, _ = run_step(sched, timer)
-    sizes = dict(chunks)
-    # The summary came first and took the step's time, yet the automation starts too.
-    assert sizes["doc"] > 16
-    assert sizes["auto"] == 16
-    while sched.get("auto").num_output_tokens == 0:  # type: ignore[union-attr]
-        chunks, _ = run_step(sched, timer)
-        assert "doc" in dict(chunks)  # and the summary keeps moving
+    # The summary comes first, yet the automation starts within the voice's share of the
+    # next steps, and its prompt is read to the end while the summary keeps moving.
+    doc = sched.get("doc")
+    assert doc is not None
+    before = doc.num_computed_tokens
+    for _ in range(400):
+        run_step(sched, timer)
+        if sched.get("auto").num_output_tokens > 0:  # type: ignore[union-attr]
+            break
+    assert sched.get("auto").num_output_tokens > 0  # type: ignore[union-attr]
+    assert doc.num_computed_tokens > before
 
 
 def test_voice_elsewhere_or_announced_keeps_steps_within_the_budget_for_the_hold() -> None:
@@ -269,8 +315,10 @@ def test_the_budget_follows_the_voices_own_first_step(prompt: int, low: float, h
     sched.add(seq("voice", prompt, Priority.INTERACTIVE, 30))
     chunks, focus = run_step(sched, timer)
     assert chunks == [("voice", prompt)]  # its own step, measured
-    costs = []
     while sched.get("voice") is not None:
+        run_step(sched, timer)
+    costs = []
+    for _ in range(5):  # the hold after the answer: steps of the budget
         chunks, cost = run_step(sched, timer)
         assert "doc" in dict(chunks)  # the summary keeps moving
         costs.append(cost)
