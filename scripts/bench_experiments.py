@@ -34,8 +34,9 @@ VOICE_GAP = 1.0
 # when it hears its wake word (the lead is the time the user speaks a short command).
 QUIET_MARGIN = 0.5
 SATELLITE_LEAD = 1.5
-# A voice query's time to first token, queue wait and preemptions.
-_Asked = tuple[float, float, int]
+# A voice query's time to first token, queue wait, preemptions, whole answer and time
+# per output token after the first.
+_Asked = tuple[float, float, int, float, float | None]
 
 
 def capacity_experiment(
@@ -135,9 +136,13 @@ async def _ask(engine: AsyncEngine, req: HomeRequest, max_tokens: int | None = N
     async for out in engine.generate(req.prompt_ids, params, req.priority):
         first = first or time.monotonic()
         last = out
+    ended = time.monotonic()
     if first is None or last is None or last.timing is None:
         raise RuntimeError(f"{req.request_id} ended without output")
-    return first - began, last.timing.queue_time or 0.0, last.timing.num_preemptions
+    tokens = last.completion_tokens
+    tpot = (ended - first) / (tokens - 1) if tokens > 1 else None
+    timing = last.timing
+    return first - began, timing.queue_time or 0.0, timing.num_preemptions, ended - began, tpot
 
 
 def idle_voice_experiment(
@@ -283,17 +288,19 @@ def summary_experiment(
         for _ in range(words // 14)
     )
 
-    def figures(asked: list[_Asked], idle_p95: float, label: str) -> dict[str, Any]:
-        """TTFT p50 / p95, its ratio to idle, longest queue wait, preempted voice."""
-        p95 = pct([t for t, _, _ in asked], 0.95)
-        return {
-            f"{label}_queries": len(asked),
-            f"{label}_ttft_p50": pct([t for t, _, _ in asked], 0.5),
-            f"{label}_ttft_p95": p95,
-            f"{label}_ratio_p95": p95 / idle_p95 if p95 and idle_p95 else None,
-            f"{label}_queue_max": max((q for _, q, _ in asked), default=None),
-            f"{label}_preempted": sum(p for _, _, p in asked),
-        }
+    def figures(asked: list[_Asked], idle: list[_Asked], label: str) -> dict[str, Any]:
+        """TTFT, whole answer and time per output token (p50, p95, p95 against idle),
+        longest queue wait, preempted voice."""
+        out: dict[str, Any] = {f"{label}_queries": len(asked)}
+        for name, at in (("ttft", 0), ("e2e", 3), ("tpot", 4)):
+            values = [a[at] for a in asked if a[at] is not None]
+            p95, base = pct(values, 0.95), pct([a[at] for a in idle if a[at] is not None], 0.95)
+            ratio = p95 / base if p95 and base else None
+            out |= {f"{label}_{name}_p50": pct(values, 0.5), f"{label}_{name}_p95": p95}
+            out[f"{label}_ratio_p95" if name == "ttft" else f"{label}_{name}_ratio_p95"] = ratio
+        out[f"{label}_queue_max"] = max((a[1] for a in asked), default=None)
+        out[f"{label}_preempted"] = sum(a[2] for a in asked)
+        return out
 
     async def main() -> dict[str, Any]:
         engine = AsyncEngine(config, loaded=loaded)
@@ -301,7 +308,7 @@ def summary_experiment(
         pool_tokens = engine.engine.num_kv_blocks * config.block_size
         doc_tokens = len(loaded.tokenizer.encode(document))
         await _ask(engine, voice[0])  # caches the system prompt
-        idle = [await _ask(engine, req) for req in voice[1:5]]
+        idle = [await _ask(engine, req) for req in voice[1:9]]
         # The integration's config entry, as far as the Summarizer reads it: the backend.
         entry = SimpleNamespace(
             entry_id="bench", runtime_data=SimpleNamespace(backend=EmbeddedBackend(engine))
@@ -349,7 +356,6 @@ def summary_experiment(
         summarizer, took, summary_preemptions = await summarize_while(conversation)
         _, quiet_took, _ = await summarize_while(after_quiet)
         await engine.stop()
-        idle_p95 = pct([t for t, _, _ in idle], 0.95) or 0.0
         return {
             "policy": str(config.step_policy),
             "pool_tokens": pool_tokens,
@@ -357,15 +363,14 @@ def summary_experiment(
             "parts": summarizer.chunks,
             "requests": summarizer.requests,
             "summary_s": took,
-            "idle_ttft_p50": pct([t for t, _, _ in idle], 0.5),
-            "idle_ttft_p95": idle_p95,
-            **figures(busy, idle_p95, "busy"),
+            **figures(idle, idle, "idle"),
+            **figures(busy, idle, "busy"),
             "preemptions": summary_preemptions,
             "quiet_summary_s": quiet_took,
             "hold_s": args.hold_seconds,
             "satellite_lead_s": SATELLITE_LEAD,
-            **figures(quiet[False], idle_p95, "unannounced"),
-            **figures(quiet[True], idle_p95, "announced"),
+            **figures(quiet[False], idle, "unannounced"),
+            **figures(quiet[True], idle, "announced"),
         }
 
     return asyncio.run(main())

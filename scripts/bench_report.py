@@ -99,13 +99,15 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
         "",
         "Latency per class, seconds (p50 / p95):",
         "",
-        "| system | class | time to first token | end-to-end | queue wait |",
-        "| --- | --- | --- | --- | --- |",
+        "| system | class | time to first token | end-to-end | time per output token "
+        "| queue wait |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in runs:
         for cls, m in r.per_class().items():
             lines.append(
-                f"| {r.name} | {cls} | {span(m, 'ttft')} | {span(m, 'e2e')} | {span(m, 'queue')} |"
+                f"| {r.name} | {cls} | {span(m, 'ttft')} | {span(m, 'e2e')} | "
+                f"{span(m, 'tpot')} | {span(m, 'queue')} |"
             )
     lines += policy_section(data, runs)
     lines += [
@@ -325,6 +327,23 @@ def policy_section(data: dict[str, Any], runs: list[SystemRun]) -> list[str]:
             f"{fmt(s['busy_ratio_p95'])}x | {fmt(s['busy_queue_max'], 1, 3)} | "
             f"{s['busy_preempted']} | {s['preemptions']} |",
         ]
+        if "busy_e2e_p95" in s:
+            lines += [
+                "",
+                "The whole voice answer (what a person waits for), seconds:",
+                "",
+                "| voice | answer p50 | answer p95 | p95 vs idle "
+                "| time per output token p50 | p95 | p95 vs idle |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            ]
+            for key, label in (("idle", "idle"), ("busy", "during the summary")):
+                lines.append(
+                    f"| {label} | {fmt(s[f'{key}_e2e_p50'])} | {fmt(s[f'{key}_e2e_p95'])} | "
+                    f"{fmt(s.get(f'{key}_e2e_ratio_p95', 1.0))}x | "
+                    f"{fmt(s[f'{key}_tpot_p50'], 1000, 1)} ms | "
+                    f"{fmt(s[f'{key}_tpot_p95'], 1000, 1)} ms | "
+                    f"{fmt(s.get(f'{key}_tpot_ratio_p95', 1.0))}x |"
+                )
         if "announced_queries" in s:
             lines += [
                 "",

@@ -85,6 +85,11 @@ class RequestResult:
     queue: float
     tokens: int
 
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first (None for a one-token answer)."""
+        return (self.e2e - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
+
 
 @dataclass
 class SystemRun:
@@ -120,13 +125,13 @@ class SystemRun:
         return sum(r.tokens for r in self.results) / busy if busy else 0.0
 
     def per_class(self) -> dict[str, dict[str, float | None]]:
-        """p50/p95 of TTFT, end-to-end latency and queue wait per class."""
+        """p50/p95 of TTFT, end-to-end latency, time per output token and queue wait."""
         out: dict[str, dict[str, float | None]] = {}
         for cls in CLASSES:
             rows = [r for r in self.results if r.priority == cls]
             out[cls] = {
-                f"{m}_{q}": pct([getattr(r, m) for r in rows], p)
-                for m in ("ttft", "e2e", "queue")
+                f"{m}_{q}": pct([v for r in rows if (v := getattr(r, m)) is not None], p)
+                for m in ("ttft", "e2e", "tpot", "queue")
                 for q, p in (("p50", 0.5), ("p95", 0.95))
             }
         return out
