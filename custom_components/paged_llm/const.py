@@ -79,6 +79,9 @@ MAX_TOOL_ITERATIONS: Final = 10
 # Actions.
 SERVICE_GENERATE: Final = "generate"
 SERVICE_SUMMARIZE: Final = "summarize"
+# Fired as a summary's parts finish: entry_id, round, parts_done, parts_total (with the
+# calling action's context, so an automation can follow its own summary).
+EVENT_SUMMARY_PROGRESS: Final = "paged_llm_summary_progress"
 ATTR_CONFIG_ENTRY_ID: Final = "config_entry_id"
 ATTR_PROMPT: Final = "prompt"
 ATTR_SYSTEM_PROMPT: Final = "system_prompt"

@@ -168,7 +168,7 @@ async def _async_summarize(call: ServiceCall) -> ServiceResponse:
         repetition_penalty=call.data[ATTR_REPETITION_PENALTY],
     )
     started = time.monotonic()
-    summarizer = Summarizer(hass, entry, sampling)
+    summarizer = Summarizer(hass, entry, sampling, call.context)
     summary = await summarizer.async_summarize(text)
     final = summarizer.final
     return {
@@ -177,6 +177,7 @@ async def _async_summarize(call: ServiceCall) -> ServiceResponse:
         "truncated": summarizer.truncated,
         "elapsed_seconds": round(time.monotonic() - started, 3),
         "chunks": summarizer.chunks,
+        "rounds": summarizer.rounds,
         "requests": summarizer.requests,
         "prompt_tokens": summarizer.prompt_tokens,
         "completion_tokens": summarizer.completion_tokens,

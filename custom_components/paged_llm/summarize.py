@@ -1,4 +1,4 @@
-"""Summaries of text of any length: pieces that fit the context are summarised, then merged."""
+"""Summaries of text of any length: pieces that fit one request are summarised, then merged."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from homeassistant.core import HomeAssistant
-from homeassistant.exceptions import ServiceValidationError
+from homeassistant.core import Context, HomeAssistant
+from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
 
 from .backend import Sampling
 from .chat import Completion, async_complete
 from .const import (
     DOMAIN,
+    EVENT_SUMMARY_PROGRESS,
     PRIORITY_SUMMARY,
     SUMMARY_CHUNK_CONCURRENCY,
     SUMMARY_COMBINE_PROMPT,
@@ -28,6 +29,13 @@ CUT_SHARE = 0.9
 # Share of the KV pool one summary part may fill at its longest: the parts that run at once
 # (SUMMARY_CHUNK_CONCURRENCY) then stay below the share the engine keeps for voice queries.
 SUMMARY_POOL_SHARE = 0.2
+# The least room a part's own summary gets; with less, merged summaries hardly shrink.
+MIN_PART_TOKENS = 32
+# Rounds of merging at most. Each round shrinks the text several times over (a part's
+# summary is at most an eighth of a request, and at most half of what the final request
+# leaves for text), so real texts need two or three; this only stops a model whose
+# summaries do not shrink.
+MAX_ROUNDS = 8
 
 
 def _cut(text: str, limit: int) -> int:
@@ -42,20 +50,29 @@ def _cut(text: str, limit: int) -> int:
 
 
 class Summarizer:
-    """Summarises text of any length through the entry's backend, in the background class."""
+    """Summarises text of any length through the entry's backend, in the background class.
 
-    def __init__(self, hass: HomeAssistant, entry: PagedLLMConfigEntry, sampling: Sampling) -> None:
+    A text that fits one request (the context, and a fifth of the KV pool) with the final
+    summary's ``max_tokens`` is summarised at once. A longer one is cut into pieces that
+    fit a request with a part's summary; the parts' summaries, joined, are the next round's
+    text, until it fits. Progress is fired as ``paged_llm_summary_progress`` events;
+    cancelling the call (a stopped automation) cancels the requests and frees their blocks.
+    """
+
+    def __init__(
+        self,
+        hass: HomeAssistant,
+        entry: PagedLLMConfigEntry,
+        sampling: Sampling,
+        context: Context | None = None,
+    ) -> None:
         """Prepare for one summary."""
         self.hass = hass
         self.entry = entry
         self.sampling = sampling
-        # Parts summarise pieces of the text; only the final summary is held to max_tokens.
-        # A part may answer in an eighth of the longest request, so a piece still leaves
-        # room for text.
-        part_tokens = min(SUMMARY_PART_MAX_TOKENS, self._longest() // 8)
-        self.part_sampling = replace(sampling, max_tokens=part_tokens)
-        self.reserve = max(sampling.max_tokens, part_tokens)
+        self.context = context
         self.chunks = 0
+        self.rounds = 0
         self.requests = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -74,41 +91,54 @@ class Summarizer:
             return min(backend.context_size, int(pool * SUMMARY_POOL_SHARE))
         return backend.context_size
 
-    async def _split(self, instruction: str, text: str) -> list[str]:
-        """Cut text into pieces whose request fits the context and its share of the pool."""
+    async def _budgets(self) -> tuple[int, int, Sampling]:
+        """Text tokens the final request and a part's request may hold; a part's sampling.
+
+        Raises ServiceValidationError, naming the limit, when ``max_tokens`` leaves the
+        final request too little room to merge even two parts' summaries.
+        """
         backend = self.entry.runtime_data.backend
-        context = backend.context_size
         longest = self._longest()
-        overhead = await backend.async_count_tokens(instruction) + TEMPLATE_MARGIN
-        budget = longest - self.reserve - overhead
-        tokens = await backend.async_count_tokens(text)
-        if tokens <= budget:
-            return [text]
-        if budget < 4 * self.reserve:
-            # Each round of merging must at least halve the text, or it would never end.
+        count = backend.async_count_tokens
+        overhead = max(await count(SUMMARY_PROMPT), await count(SUMMARY_COMBINE_PROMPT))
+        overhead += TEMPLATE_MARGIN
+        final = longest - self.sampling.max_tokens - overhead
+        part_tokens = min(SUMMARY_PART_MAX_TOKENS, longest // 8, final // 2)
+        if part_tokens < MIN_PART_TOKENS:
             raise ServiceValidationError(
                 translation_domain=DOMAIN,
                 translation_key="summary_max_tokens_too_large",
                 translation_placeholders={
                     "max_tokens": str(self.sampling.max_tokens),
-                    "context": str(context),
+                    "longest": str(longest),
+                    "context": str(backend.context_size),
+                    "most": str(max(0, longest - overhead - 2 * MIN_PART_TOKENS)),
                 },
             )
+        return (
+            final,
+            longest - part_tokens - overhead,
+            replace(self.sampling, max_tokens=part_tokens),
+        )
+
+    async def _split(self, text: str, tokens: int, budget: int) -> list[str]:
+        """Cut ``text`` (``tokens`` long) into pieces of at most ``budget`` tokens."""
+        count = self.entry.runtime_data.backend.async_count_tokens
         pieces: list[str] = []
-        pending = [text]
+        pending = [(text, tokens)]
         while pending:
-            piece = pending.pop(0)
-            count = await backend.async_count_tokens(piece)
-            if count <= budget:
+            piece, size = pending.pop(0)
+            if size <= budget:
                 pieces.append(piece)
                 continue
-            limit = max(1, int(len(piece) * budget / count * CUT_SHARE))
+            limit = max(1, int(len(piece) * budget / size * CUT_SHARE))
             at = _cut(piece, limit)
-            pending[:0] = [piece[:at], piece[at:]]
+            head, tail = piece[:at], piece[at:]
+            pending[:0] = [(head, await count(head)), (tail, await count(tail))]
         return [piece for piece in pieces if piece.strip()]
 
     async def _summarize_piece(self, instruction: str, text: str, sampling: Sampling) -> Completion:
-        """Summarise one piece that fits the context."""
+        """Summarise one piece that fits a request."""
         async with self._slots:
             done = await async_complete(
                 self.hass,
@@ -122,20 +152,61 @@ class Summarizer:
         self.completion_tokens += done.completion_tokens
         return done
 
-    async def async_summarize(self, text: str, instruction: str = SUMMARY_PROMPT) -> str:
-        """Summarise ``text``, splitting and merging as often as its length needs."""
-        pieces = await self._split(instruction, text)
-        self.chunks = self.chunks or len(pieces)
-        if len(pieces) == 1:
-            self.final = await self._summarize_piece(instruction, pieces[0], self.sampling)
-            return self.final.text
-        partial = await asyncio.gather(
-            *(self._summarize_piece(SUMMARY_PROMPT, piece, self.part_sampling) for piece in pieces)
+    def _progress(self, done: int, total: int) -> None:
+        """Tell automations how far this round is."""
+        self.hass.bus.async_fire(
+            EVENT_SUMMARY_PROGRESS,
+            {
+                "entry_id": self.entry.entry_id,
+                "round": self.rounds,
+                "parts_done": done,
+                "parts_total": total,
+            },
+            context=self.context,
         )
-        self.parts.extend(partial)
-        # Every round at least halves the text (see _split), so this recursion is shallow.
-        merged = "\n\n".join(done.text for done in partial)
-        return await self.async_summarize(merged, SUMMARY_COMBINE_PROMPT)
+
+    async def _summarize_round(self, pieces: list[str], sampling: Sampling) -> list[Completion]:
+        """Summarise every piece of one round, reporting each part as it finishes.
+
+        A task group, so a failed part cancels the others instead of leaving them running.
+        """
+        done = 0
+        self._progress(done, len(pieces))
+
+        async def one(piece: str) -> Completion:
+            nonlocal done
+            part = await self._summarize_piece(SUMMARY_PROMPT, piece, sampling)
+            done += 1
+            self._progress(done, len(pieces))
+            return part
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(piece)) for piece in pieces]
+        return [task.result() for task in tasks]
+
+    async def async_summarize(self, text: str) -> str:
+        """Summarise ``text``, splitting and merging as often as its length needs."""
+        final_budget, piece_budget, part_sampling = await self._budgets()
+        count = self.entry.runtime_data.backend.async_count_tokens
+        instruction = SUMMARY_PROMPT
+        for _ in range(MAX_ROUNDS):
+            tokens = await count(text)
+            if tokens <= final_budget:
+                self.chunks = self.chunks or 1
+                self.final = await self._summarize_piece(instruction, text, self.sampling)
+                return self.final.text
+            pieces = await self._split(text, tokens, piece_budget)
+            self.rounds += 1
+            self.chunks = self.chunks or len(pieces)
+            partial = await self._summarize_round(pieces, part_sampling)
+            self.parts.extend(partial)
+            text = "\n\n".join(done.text for done in partial)
+            instruction = SUMMARY_COMBINE_PROMPT
+        raise HomeAssistantError(
+            translation_domain=DOMAIN,
+            translation_key="summary_does_not_shrink",
+            translation_placeholders={"rounds": str(MAX_ROUNDS)},
+        )
 
     @property
     def truncated(self) -> bool:

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from homeassistant.components import conversation
-from homeassistant.core import Context, HomeAssistant
+from homeassistant.core import Context, HomeAssistant, callback
 from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
 from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import intent
-from pytest_homeassistant_custom_component.common import MockConfigEntry
+from pytest_homeassistant_custom_component.common import MockConfigEntry, async_capture_events
 
-from custom_components.paged_llm.const import DOMAIN
+from custom_components.paged_llm.const import DOMAIN, EVENT_SUMMARY_PROGRESS
 from custom_components.paged_llm.embedded import backend_error
 from custom_components.paged_llm.runtime import ha_error
 
@@ -112,6 +113,91 @@ async def test_summarize_chunks_a_text_beyond_the_context(
         assert await hass.config_entries.async_unload(mock_config_entry.entry_id)
 
 
+async def test_summarize_with_its_defaults_merges_a_long_text_in_rounds(
+    hass: HomeAssistant, init_integration: MockConfigEntry, make_long_text: Callable[[int], str]
+) -> None:
+    """The documented defaults (a 512-token summary) take a text many requests long.
+
+    Before, a text over what one request holds beside 4 x 512 tokens was refused.
+    """
+    backend = init_integration.runtime_data.backend
+    longest = min(backend.context_size, int(backend.kv_pool_tokens * 0.2))
+    events = async_capture_events(hass, EVENT_SUMMARY_PROGRESS)
+    context = Context()
+    response = await hass.services.async_call(
+        DOMAIN,
+        "summarize",
+        {"text": make_long_text(8 * longest)},
+        blocking=True,
+        return_response=True,
+        context=context,
+    )
+    assert isinstance(response, dict)
+    assert response["summary"]
+    assert response["chunks"] >= 8
+    assert response["rounds"] >= 1
+    assert response["requests"] == len(response["parts"]) + 1
+    # Parts answer in at most an eighth of a request, the final summary in max_tokens.
+    assert all(0 < p["completion_tokens"] <= longest // 8 for p in response["parts"])
+    assert all(p["prompt_tokens"] <= longest for p in response["parts"])
+    # Progress: each round announces its parts, then counts each one as it finishes, with
+    # the calling action's context.
+    assert {e.context.id for e in events} == {context.id}
+    by_round: dict[int, list[tuple[int, int]]] = {}
+    for event in events:
+        assert event.data["entry_id"] == init_integration.entry_id
+        by_round.setdefault(event.data["round"], []).append(
+            (event.data["parts_done"], event.data["parts_total"])
+        )
+    assert sorted(by_round) == list(range(1, response["rounds"] + 1))
+    assert by_round[1][0][1] == response["chunks"]
+    for seen in by_round.values():
+        total = seen[0][1]
+        assert seen == [(done, total) for done in range(total + 1)]
+    assert sum(seen[0][1] for seen in by_round.values()) == len(response["parts"])
+    metrics = await _settled(init_integration.runtime_data.backend.engine)
+    assert metrics.kv_blocks_used == 0
+
+
+async def _settled(engine: Any) -> Any:
+    """The engine's metrics once nothing runs or waits (within 10 s)."""
+    for _ in range(200):
+        metrics = engine.metrics()
+        idle = metrics.num_requests_running == metrics.num_requests_waiting == 0
+        if idle and metrics.kv_blocks_used == 0:
+            break
+        await asyncio.sleep(0.05)
+    return metrics
+
+
+async def test_a_cancelled_summary_stops_its_requests_and_frees_their_blocks(
+    hass: HomeAssistant, init_integration: MockConfigEntry, make_long_text: Callable[[int], str]
+) -> None:
+    """A stopped automation cancels its action: the summary's requests end, blocks return."""
+    engine = init_integration.runtime_data.backend.engine
+    first_part = asyncio.Event()
+
+    @callback
+    def on_progress(event: Any) -> None:
+        if event.data["parts_done"] >= 1:
+            first_part.set()
+
+    unsub = hass.bus.async_listen(EVENT_SUMMARY_PROGRESS, on_progress)
+    call = hass.async_create_task(_call(hass, "summarize", {"text": make_long_text(20000)}))
+    await asyncio.wait_for(first_part.wait(), 120)
+    assert engine.metrics().num_requests_running > 0
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    unsub()
+    metrics = await _settled(engine)
+    assert metrics.num_requests_running == metrics.num_requests_waiting == 0
+    assert metrics.kv_blocks_used == 0
+    # The engine serves the next request as before.
+    response = await _call(hass, "generate", {"prompt": "hello", "max_tokens": 4})
+    assert response["completion_tokens"] == 4
+
+
 async def test_summarize_applies_a_repetition_penalty_by_default(
     hass: HomeAssistant, init_integration: MockConfigEntry, make_long_text: Callable[[int], str]
 ) -> None:
@@ -197,7 +283,12 @@ async def test_bad_inputs_fail_clearly_and_the_rest_keeps_working(
         {"text": make_long_text(5000), "max_tokens": 2000},
         "summary_max_tokens_too_large",
     )
+    # It names the real limit (a request's share of the pool here) and what would fit.
+    backend = init_integration.runtime_data.backend
+    longest = min(4096, int(backend.kv_pool_tokens * 0.2))
     assert "4096" in str(err)
+    assert f"hold {longest} tokens" in str(err)
+    assert "at most " in str(err)
     err = await _expect_error(
         hass, "generate", {"prompt": "hi", "priority": "urgent"}, "invalid_priority"
     )
