@@ -53,6 +53,7 @@ from home_workload import MODES, build_workload
 from paged_llm.engine.config import (
     DEFAULT_MODEL,
     INTERACTIVE_HOLD_SECONDS,
+    INTERACTIVE_SLOWDOWN,
     WEIGHT_CHOICES,
     EngineConfig,
     KVLayout,
@@ -134,6 +135,12 @@ def main() -> None:
         type=float,
         default=INTERACTIVE_HOLD_SECONDS,
         help="how long the latency policy's budget holds after the last interactive request",
+    )
+    parser.add_argument(
+        "--slowdown",
+        type=float,
+        default=INTERACTIVE_SLOWDOWN,
+        help="interactive_slowdown: how much other work may slow a decoding voice answer",
     )
     parser.add_argument(
         "--summary-words", type=int, default=0, help="summary experiment document (0: 1.5x pool)"
@@ -294,6 +301,7 @@ def main() -> None:
         "kv_blocks": args.kv_blocks,
         "policy": args.policy,
         "step_seconds": args.step_seconds,
+        "slowdown": args.slowdown,
         "hold_seconds": args.hold_seconds,
         "gc": "frozen after the load, as in paged-llm serve",
         "kv_mib": args.kv_bytes / 2**20,

@@ -257,7 +257,12 @@ def batch32_experiment(
 
 
 class _ExecutorHost:
-    """What the integration's Summarizer needs of Home Assistant: an executor for tokenizing."""
+    """What the integration's Summarizer needs of Home Assistant: an executor, an event bus."""
+
+    def __init__(self) -> None:
+        """The bus keeps the progress events the summary fires."""
+        self.events: list[dict[str, Any]] = []
+        self.bus = SimpleNamespace(async_fire=lambda _kind, data, **_: self.events.append(data))
 
     async def async_add_executor_job(self, fn: Any, *args: Any) -> Any:
         """Run a blocking call off the event loop, as Home Assistant does."""

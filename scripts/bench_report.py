@@ -13,9 +13,9 @@ def fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
     return "–" if value is None else f"{value * scale:.{digits}f}"
 
 
-def span(m: dict[str, float | None], metric: str) -> str:
+def span(m: dict[str, float | None], metric: str, scale: float = 1.0, digits: int = 2) -> str:
     """'p50 / p95' of one metric for a table cell."""
-    return f"{fmt(m[f'{metric}_p50'])} / {fmt(m[f'{metric}_p95'])}"
+    return f"{fmt(m[f'{metric}_p50'], scale, digits)} / {fmt(m[f'{metric}_p95'], scale, digits)}"
 
 
 def write_plots(runs: list[SystemRun], out: Path) -> list[str]:
@@ -99,7 +99,7 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
         "",
         "Latency per class, seconds (p50 / p95):",
         "",
-        "| system | class | time to first token | end-to-end | time per output token "
+        "| system | class | time to first token | end-to-end | time per output token (ms) "
         "| queue wait |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
@@ -107,7 +107,7 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
         for cls, m in r.per_class().items():
             lines.append(
                 f"| {r.name} | {cls} | {span(m, 'ttft')} | {span(m, 'e2e')} | "
-                f"{span(m, 'tpot')} | {span(m, 'queue')} |"
+                f"{span(m, 'tpot', 1000, 1)} | {span(m, 'queue')} |"
             )
     lines += policy_section(data, runs)
     lines += [

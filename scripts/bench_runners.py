@@ -158,6 +158,7 @@ def engine_config(
         cache_dir=ROOT / ".cache" / "converted",
         step_policy=policy or args.policy,
         interactive_step_seconds=args.step_seconds,
+        interactive_slowdown=args.slowdown,
         interactive_hold_seconds=args.hold_seconds,
     )
 
