@@ -113,10 +113,15 @@ async def test_summarize_chunks_a_text_beyond_the_context(
         assert await hass.config_entries.async_unload(mock_config_entry.entry_id)
 
 
+@pytest.mark.parametrize("words", [0, 50_000])
 async def test_summarize_with_its_defaults_merges_a_long_text_in_rounds(
-    hass: HomeAssistant, init_integration: MockConfigEntry, make_long_text: Callable[[int], str]
+    hass: HomeAssistant,
+    init_integration: MockConfigEntry,
+    make_long_text: Callable[[int], str],
+    words: int,
 ) -> None:
-    """The documented defaults (a 512-token summary) take a text many requests long.
+    """The documented defaults (a 512-token summary) take a text many requests long
+    (eight requests' worth, and 50,000 words, which take more than one round of merging).
 
     Before, a text over what one request holds beside 4 x 512 tokens was refused.
     """
@@ -127,7 +132,7 @@ async def test_summarize_with_its_defaults_merges_a_long_text_in_rounds(
     response = await hass.services.async_call(
         DOMAIN,
         "summarize",
-        {"text": make_long_text(8 * longest)},
+        {"text": make_long_text(words or 8 * longest)},
         blocking=True,
         return_response=True,
         context=context,
@@ -135,7 +140,7 @@ async def test_summarize_with_its_defaults_merges_a_long_text_in_rounds(
     assert isinstance(response, dict)
     assert response["summary"]
     assert response["chunks"] >= 8
-    assert response["rounds"] >= 1
+    assert response["rounds"] >= (2 if words else 1)
     assert response["requests"] == len(response["parts"]) + 1
     # Parts answer in at most an eighth of a request, the final summary in max_tokens.
     assert all(0 < p["completion_tokens"] <= longest // 8 for p in response["parts"])
