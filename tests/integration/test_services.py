@@ -203,6 +203,28 @@ async def test_a_cancelled_summary_stops_its_requests_and_frees_their_blocks(
     assert response["completion_tokens"] == 4
 
 
+async def test_two_summaries_at_once_one_in_another_language_both_finish(
+    hass: HomeAssistant, init_integration: MockConfigEntry, make_long_text: Callable[[int], str]
+) -> None:
+    """Two long summaries share the small pool (their parts wait or are preempted, never
+    lost); a Japanese text is cut and merged like any other."""
+    backend = init_integration.runtime_data.backend
+    longest = min(backend.context_size, int(backend.kv_pool_tokens * 0.2))
+    japanese = "。".join(
+        f"居間の照明{i}番は午後七時に点灯し、寝室の暖房は二十度に保たれる" for i in range(600)
+    )
+    english, other = await asyncio.gather(
+        _call(hass, "summarize", {"text": make_long_text(4 * longest)}),
+        _call(hass, "summarize", {"text": japanese}),
+    )
+    for response in (english, other):
+        assert response["summary"]
+        assert response["chunks"] >= 2
+        assert response["requests"] == len(response["parts"]) + 1
+    metrics = await _settled(backend.engine)
+    assert metrics.kv_blocks_used == 0
+
+
 async def test_summarize_applies_a_repetition_penalty_by_default(
     hass: HomeAssistant, init_integration: MockConfigEntry, make_long_text: Callable[[int], str]
 ) -> None:
