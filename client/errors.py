@@ -40,7 +40,22 @@ class ServerError(ClientError):
 
     code = "server_error"
 
-    def __init__(self, status: int, message: str, *, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
+        self.error_code = code
+
+    @property
+    def loading(self) -> bool:
+        """Whether the server said it is loading its model (503 then), not that it is full."""
+        return self.status == 503 and (
+            self.error_code == "model_not_ready" or "loading" in str(self).lower()
+        )

@@ -118,18 +118,37 @@ def _error_message(status: int, text: str) -> tuple[str, str | None, str | None]
     return (text.strip()[:500] or f"HTTP {status}"), None, None
 
 
+def _seconds(retry_after: str | None) -> float | None:
+    """A Retry-After header's seconds (None when absent or an HTTP date)."""
+    try:
+        return float(retry_after) if retry_after else None
+    except ValueError:
+        return None
+
+
 def status_error(status: int, text: str, retry_after: str | None = None) -> ClientError:
     """The error for an HTTP error status and its body."""
     message, param, code = _error_message(status, text)
     if status in (401, 403):
         return AuthenticationError(message)
     if status >= 500:
-        try:
-            delay = float(retry_after) if retry_after else None
-        except ValueError:
-            delay = None
-        return ServerError(status, message, retry_after=delay)
+        return ServerError(status, message, retry_after=_seconds(retry_after), code=code)
     return RequestError(status, message, param=param, code=code)
+
+
+def unreachable(url: str, err: BaseException) -> CannotConnectError:
+    """A failed connection in plain words (the library's text stays in the chain)."""
+    if isinstance(err, aiohttp.ClientConnectorDNSError):
+        why = "its host name is not known"
+    elif isinstance(err, aiohttp.ClientConnectorError):
+        why = "nothing accepts connections there (is it running?)"
+    elif isinstance(err, (aiohttp.ServerTimeoutError, TimeoutError)):
+        why = "it did not answer in time"
+    elif isinstance(err, aiohttp.ServerDisconnectedError):
+        why = "it closed the connection"
+    else:
+        why = "the connection failed"
+    return CannotConnectError(f"no answer from {url}: {why}")
 
 
 class _ToolCallAccumulator:
@@ -189,7 +208,26 @@ class OpenAIClient:
             ) as resp:
                 return resp.status, await resp.text()
         except (aiohttp.ClientError, TimeoutError) as err:
-            raise CannotConnectError(f"{url}: {err or type(err).__name__}") from err
+            raise unreachable(self.root, err) from err
+
+    async def health(self) -> tuple[bool | None, float | None]:
+        """Whether the server is ready (``GET /health``: 200 yes, 503 not yet), and its wait.
+
+        None when the server has no such endpoint (Ollama); the wait is its Retry-After.
+        """
+        url = f"{self.root}/health"
+        try:
+            async with self._session.get(
+                url, headers=self._headers, timeout=self._timeout()
+            ) as resp:
+                status, wait = resp.status, _seconds(resp.headers.get("Retry-After"))
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise unreachable(self.root, err) from err
+        if status == 200:
+            return True, None
+        if status == 503:
+            return False, wait
+        return None, None
 
     async def models(self) -> list[ModelInfo]:
         """The models the server offers (``GET /v1/models``)."""
@@ -321,7 +359,7 @@ class OpenAIClient:
                             yield ChatChunk(content=content or "", reasoning=reasoning or "")
                         finish_reason = choice.get("finish_reason") or finish_reason
         except (aiohttp.ClientError, TimeoutError) as err:
-            raise CannotConnectError(f"{url}: {err or type(err).__name__}") from err
+            raise unreachable(self.root, err) from err
         if finish_reason is None and usage is None:
             raise CannotConnectError(f"{url}: the answer ended before it finished")
         yield ChatChunk(tool_calls=tools.calls(), finish_reason=finish_reason, usage=usage)

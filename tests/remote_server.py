@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -90,6 +91,16 @@ class ServerProcess:
             time.sleep(0.2)
         self.stop()
         raise TimeoutError("paged-llm serve did not become healthy:\n" + "\n".join(self.log))
+
+    def health_status(self) -> int | None:
+        """The status /health answers now (None: nothing answers)."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as err:
+            return int(err.code)
+        except OSError:
+            return None
 
     def _read(self, process: subprocess.Popen[str]) -> None:
         """Keep the server's output for failure messages."""

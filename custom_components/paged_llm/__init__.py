@@ -181,7 +181,8 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
                     translation_key=err.key,
                     translation_placeholders={"reason": err.reason},
                 ) from err
-            # The coordinator logs this once per outage and marks the sensors unavailable.
+            # A server away or loading is no failure (the backend logs it once); anything
+            # else the coordinator logs once and marks the sensors unavailable.
             raise UpdateFailed(
                 translation_domain=DOMAIN,
                 translation_key=err.key,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from collections import deque
@@ -25,7 +26,7 @@ from paged_llm.client import (
     chat_request,
 )
 from paged_llm.protocol.priority import to_vllm
-from paged_llm.protocol.snapshot import MetricsSnapshot, percentiles
+from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot, percentiles
 
 from .backend import BackendError, Delta, Sampling
 from .const import PRIORITIES
@@ -37,15 +38,24 @@ FALLBACK_CONTEXT = 4096
 BYTES_PER_TOKEN = 3
 WINDOW_REQUESTS = 256
 THROUGHPUT_WINDOW_S = 10.0
+# A loading server that does not say how long to wait: the metrics poll's pace.
+LOADING_RETRY_S = 5
+
+_LOGGER = logging.getLogger(__package__)
 
 
-def client_error(err: ClientError) -> BackendError:
-    """The seam's error for a failed request to the server."""
+def client_error(err: ClientError, url: str) -> BackendError:
+    """The seam's error for a failed request to the server at ``url``."""
     reason = str(err)
     if isinstance(err, CannotConnectError):
         return BackendError("server_unreachable", reason)
     if isinstance(err, AuthenticationError):
         return BackendError("server_auth_failed", reason)
+    if isinstance(err, ServerError) and err.loading:
+        seconds = math.ceil(err.retry_after or LOADING_RETRY_S)
+        return BackendError(
+            "server_loading", reason, placeholders={"url": url, "seconds": str(seconds)}
+        )
     if isinstance(err, ServerError):
         key = "rejected_queue_full" if err.status == 503 else "server_error"
         return BackendError(key, reason, placeholders={"code": str(err.status)})
@@ -101,7 +111,10 @@ class RemoteBackend:
         self.client = client
         self.model = model
         self._context = context_size or FALLBACK_CONTEXT
+        self._context_known = context_size is not None
         self._reachable = True
+        # Whether the server's /health says it serves (it answers while it loads).
+        self._ready = True
         self._has_metrics: bool | None = None
         self._reader = MetricsReader(model)
         self._timings = _Timings()
@@ -112,8 +125,8 @@ class RemoteBackend:
 
     @property
     def available(self) -> bool:
-        """Whether the server answered the last time it was asked."""
-        return self._reachable
+        """Whether the server answered, ready to serve, the last time it was asked."""
+        return self._reachable and self._ready
 
     @property
     def native_tools(self) -> bool:
@@ -142,9 +155,23 @@ class RemoteBackend:
             return int(count)
         return math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN)
 
-    def _reached(self, ok: bool) -> None:
-        """Note whether the server answered."""
+    def _reached(self, ok: bool, ready: bool | None = None, why: str = "") -> None:
+        """Note whether the server answered (and, when known, is ready); log each change.
+
+        One warning when the server goes away or starts loading, one info line when it
+        serves again: an outage is not an error per poll.
+        """
+        was = self.available
         self._reachable = ok
+        if ready is not None:
+            self._ready = ready
+        elif ok:
+            self._ready = True
+        now = self.available
+        if was and not now:
+            _LOGGER.warning("The model's server at %s cannot serve now: %s", self.client.root, why)
+        elif now and not was:
+            _LOGGER.info("The model's server at %s serves again", self.client.root)
 
     async def stream(
         self,
@@ -184,9 +211,15 @@ class RemoteBackend:
                     self._timings.tokens(now, 1)
                 yield self._delta(chunk, counted)
         except ClientError as err:
-            if isinstance(err, CannotConnectError):
-                self._reached(False)
-            raise client_error(err) from err
+            self._failed(err)
+            raise client_error(err, self.client.root) from err
+
+    def _failed(self, err: ClientError) -> None:
+        """Note what a failed call says about the server: away, or still loading."""
+        if isinstance(err, CannotConnectError):
+            self._reached(False, why=str(err))
+        elif isinstance(err, ServerError) and err.loading:
+            self._reached(True, ready=False, why="it is loading its model")
 
     def _delta(self, chunk: ChatChunk, counted: int) -> Delta:
         """The seam's delta for one chunk; the last one carries totals and tool calls."""
@@ -211,22 +244,29 @@ class RemoteBackend:
         return self._snapshot
 
     async def async_refresh_metrics(self) -> MetricsSnapshot:
-        """Read the server's /metrics (vLLM's names) and add this side's own timings."""
-        text: str | None = None
+        """Ask whether the server serves; read its /metrics (vLLM's names) and our timings.
+
+        A server that is away or still loading is no error here: the snapshot says so
+        (engine state ``unloaded`` or ``loading``), the backend turns unavailable and one
+        warning is logged; the entities follow :attr:`available`.
+        """
         try:
-            if self._has_metrics is not False:
-                try:
-                    text = await self.client.metrics_text()
-                except (AuthenticationError, RequestError, ServerError):
-                    # /metrics protected or broken: the sensors show this side's timings.
-                    text = None
+            ready, _ = await self.client.health()
+            if ready is False:
+                self._reached(True, ready=False, why="it is loading its model")
+                return self._set_snapshot(MetricsSnapshot(engine_state=EngineState.LOADING))
+            if not self._context_known:
+                await self._read_context()
+            text = await self._metrics_text()
             if text is None:
                 await self.client.models()  # is the server there at all?
+        except CannotConnectError as err:
+            self._reached(False, why=str(err))
+            return self._set_snapshot(MetricsSnapshot(engine_state=EngineState.UNLOADED))
         except ClientError as err:
-            if isinstance(err, CannotConnectError):
-                self._reached(False)
-            raise client_error(err) from err
-        self._reached(True)
+            self._failed(err)
+            raise client_error(err, self.client.root) from err
+        self._reached(True, ready=True)
         now = time.monotonic()
         snapshot = MetricsSnapshot(timestamp=now)
         if text is not None:
@@ -236,15 +276,35 @@ class RemoteBackend:
                 snapshot = scraped
         else:
             self._has_metrics = False
-        snapshot = replace(
+        return self._set_snapshot(snapshot)
+
+    async def _metrics_text(self) -> str | None:
+        """The server's /metrics text, or None where it has none or keeps it from us."""
+        if self._has_metrics is False:
+            return None
+        try:
+            return await self.client.metrics_text()
+        except (AuthenticationError, RequestError, ServerError):
+            # /metrics protected or broken: the sensors show this side's timings.
+            return None
+
+    async def _read_context(self) -> None:
+        """The model's context, once the server reports it (a loading server may not)."""
+        info = next((m for m in await self.client.models() if m.id == self.model), None)
+        if info is not None and info.max_model_len:
+            self._context, self._context_known = int(info.max_model_len), True
+
+    def _set_snapshot(self, snapshot: MetricsSnapshot) -> MetricsSnapshot:
+        """Keep ``snapshot`` with this side's time to first token and token rate."""
+        now = time.monotonic()
+        self._snapshot = replace(
             snapshot,
             time_to_first_token_seconds={
                 name: percentiles(list(window)) for name, window in self._timings.ttft.items()
             },
             generation_throughput=self._timings.throughput(now),
         )
-        self._snapshot = snapshot
-        return snapshot
+        return self._snapshot
 
     def subscribe(self, callback: Callable[[MetricsSnapshot], None]) -> Callable[[], None]:
         """Nothing is pushed: the coordinator polls."""
@@ -272,6 +332,7 @@ class RemoteBackend:
             "model": self.model,
             "context_size": self._context,
             "reachable": self._reachable,
+            "ready": self._ready,
             "server_metrics": self._has_metrics,
             "sends_priority": self.client.sends_priority,
             # Whether the server takes a satellite's announced voice queries (None: not yet asked).

@@ -57,7 +57,7 @@ class PagedLLMSensorEntityDescription(SensorEntityDescription):
 
     value_fn: Callable[[MetricsSnapshot], float | int | str | None]
     attributes_fn: Callable[[MetricsSnapshot], Mapping[str, Any]] | None = None
-    # Readable while the engine is down: the engine state says "unloaded" then.
+    # Readable while the engine is down: the engine state says "unloaded" or "loading" then.
     always_available: bool = False
     diagnostic: bool = True
 
@@ -228,9 +228,9 @@ class PagedLLMSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], 
 
     @property
     def available(self) -> bool:
-        """Unavailable once the engine has stopped or crashed, or the server is away.
+        """Unavailable once the engine has stopped or crashed, or the server is away or loading.
 
-        The state sensor stays available and reads "unloaded" then.
+        The state sensor stays available and reads "loading" or "unloaded" then.
         """
         if self.entity_description.always_available:
             return super().available
@@ -246,7 +246,9 @@ class PagedLLMSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], 
     def native_value(self) -> float | int | str | None:
         """The figure from the latest snapshot."""
         if self.entity_description.always_available and not self._engine_running:
-            return str(EngineState.UNLOADED)
+            data = self.coordinator.data
+            loading = data is not None and data.engine_state is EngineState.LOADING
+            return str(EngineState.LOADING if loading else EngineState.UNLOADED)
         return self.entity_description.value_fn(self.coordinator.data)
 
     @property

@@ -345,41 +345,79 @@ async def own_entry(
         await hass.async_block_till_done()
 
 
+def _ours(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    """This integration's log lines at ``level`` and above."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= level and r.name.startswith("custom_components.paged_llm")
+    ]
+
+
 async def test_server_stopped_and_restarted_under_home_assistant(
     hass: HomeAssistant,
     own_server: ServerProcess,
     own_entry: MockConfigEntry,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """An outage, the restarted server's loading window, and the recovery, as a user sees
+    them: the entities follow the server's /health, Assist names the cause in plain words,
+    and the log has one warning per outage and one info line when it serves again."""
     server, entry = own_server, own_entry
     coordinator = entry.runtime_data.coordinator
     agent = _agent(hass, entry, "conversation")
     assert hass.states.get(agent).state != STATE_UNAVAILABLE
 
+    # The outage: unavailable entities, the state sensor reads "unloaded", one warning.
     server.stop()
     caplog.clear()
     for _ in range(3):
         await coordinator.async_refresh()
     await hass.async_block_till_done()
     assert _sensor(hass, entry, "running_requests") == STATE_UNAVAILABLE
+    assert _sensor(hass, entry, "engine_state") == "unloaded"
     assert hass.states.get(agent).state == STATE_UNAVAILABLE
-    warnings = [
-        r
-        for r in caplog.records
-        if r.levelno >= logging.WARNING and r.name.startswith("custom_components.paged_llm")
-    ]
-    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert len(_ours(caplog, logging.WARNING)) == 1, _ours(caplog, logging.WARNING)
+    assert not _ours(caplog, logging.ERROR)
     with pytest.raises(HomeAssistantError) as err:
         await hass.services.async_call(
             DOMAIN, "generate", {"prompt": "Hi"}, blocking=True, return_response=True
         )
-    assert err.value.translation_key in {"engine_dead", "server_unreachable"}
+    assert err.value.translation_key == "server_unreachable"
+    spoken = str(err.value)
+    assert server.url in spoken
+    assert "is it running?" in spoken
+    assert "ssl" not in spoken
+    assert "Connect call failed" not in spoken
 
-    server.start()
+    # The restart: the server answers while it loads, and says so; nothing is available
+    # until its /health says ready, and the error says loading, not a full queue.
+    server.launch()
+    assert await becomes_true(lambda: server.health_status() == 503, 60)
+    caplog.clear()
+    await coordinator.async_refresh()
+    await hass.async_block_till_done()
+    assert _sensor(hass, entry, "engine_state") == "loading"
+    assert _sensor(hass, entry, "running_requests") == STATE_UNAVAILABLE
+    assert hass.states.get(agent).state == STATE_UNAVAILABLE
+    with pytest.raises(HomeAssistantError) as err:
+        await hass.services.async_call(
+            DOMAIN, "generate", {"prompt": "Hi"}, blocking=True, return_response=True
+        )
+    assert err.value.translation_key == "server_loading", str(err.value)
+    assert "loading its model" in str(err.value)
+    assert "queue" not in str(err.value)
+    assert not _ours(caplog, logging.WARNING)  # still the same outage
+
+    # The recovery: one info line, everything available again, requests answered.
+    server.wait_until_healthy()
     await coordinator.async_refresh()
     await hass.async_block_till_done()
     assert _sensor(hass, entry, "running_requests") == "0"
+    assert _sensor(hass, entry, "engine_state") == "idle"
     assert hass.states.get(agent).state != STATE_UNAVAILABLE
+    assert [m for m in _ours(caplog, logging.INFO) if "serves again" in m]
+    assert not _ours(caplog, logging.WARNING)
     await _generate_a_token(hass)
     assert await hass.config_entries.async_unload(entry.entry_id)
 

@@ -101,6 +101,7 @@ def test_every_flow_error_and_step_is_translated() -> None:
 def test_error_messages_only_use_placeholders_the_code_fills() -> None:
     filled = {"reason", "code", "model", "path", "size", "limit", "priority", "priorities"}
     filled |= {"error", "output", "max_tokens", "context", "longest", "most", "rounds"}
+    filled |= {"url", "seconds"}
     for entry in STRINGS["exceptions"].values():
         assert _placeholders(entry["message"]) <= filled, entry
     for message in STRINGS["config"]["error"].values():
