@@ -463,16 +463,18 @@ class Scheduler:
         """Try to start a waiting sequence; False means admit nothing more this step."""
         if step.pressure:
             return False
+        # One prefix lookup per admission: the hits are taken or the admission waits.
+        computed = self.kv_manager.get_computed_blocks(seq)
+        start = computed.num_tokens
+        num_tokens = self._chunk_size(seq, start, seq.num_tokens - start, step)
+        if num_tokens == 0:
+            return False  # no time for it this step: take no one's seat for nothing
         if len(self._running) >= self.config.max_num_seqs:
             victim = self._victim(seq, strictly_lower=True)
             if victim is None:
                 return False
             self._preempt(victim, step)
-        # One prefix lookup per admission: the hits are taken or the admission waits.
-        computed = self.kv_manager.get_computed_blocks(seq)
-        start = computed.num_tokens
-        num_tokens = self._chunk_size(seq, start, seq.num_tokens - start, step)
-        if num_tokens == 0 or not self._fit(seq, num_tokens, computed, step):
+        if not self._fit(seq, num_tokens, computed, step):
             return False
         self._waiting.remove(seq.request_id)
         seq.status = RUNNING

@@ -324,3 +324,29 @@ def test_the_budget_follows_the_voices_own_first_step(prompt: int, low: float, h
         costs.append(cost)
     assert low < max(costs) <= high * 1.02
     assert max(costs) >= min(focus, 0.025) * 0.9
+
+
+def test_a_waiting_automation_takes_a_seat_only_when_it_can_start() -> None:
+    """With every seat taken and the voice's allowance spent, a waiting automation does not
+    preempt a summary's sequence for a chunk it then cannot get."""
+    sched, timer = make("latency")
+    sched.config.max_num_seqs = 3
+    train(sched, timer)
+    sched.add(seq("part", 300, Priority.BACKGROUND, 1000))
+    sched.add(seq("doc", 6000, Priority.BACKGROUND, 4))
+    run_step(sched, timer)  # both started
+    sched.add(seq("voice", 40, Priority.INTERACTIVE, 300))
+    # Right after a step in which the document overdrew the voice's allowance ...
+    while "doc" not in dict(run_step(sched, timer)[0]):
+        pass
+    assert sched.num_running == 3
+    sched.add(seq("auto", 300, Priority.AUTOMATION, 20))
+    for _ in range(200):
+        before = sched.num_preemptions
+        chunks, _ = run_step(sched, timer)
+        started = "auto" in dict(chunks)
+        # ... a summary sequence gives its seat up only in the step the automation starts.
+        assert sched.num_preemptions == before + started
+        if started:
+            break
+    assert started
