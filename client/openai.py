@@ -210,24 +210,15 @@ class OpenAIClient:
         except (aiohttp.ClientError, TimeoutError) as err:
             raise unreachable(self.root, err) from err
 
-    async def health(self) -> tuple[bool | None, float | None]:
-        """Whether the server is ready (``GET /health``: 200 yes, 503 not yet), and its wait.
+    async def health(self) -> bool | None:
+        """Whether the server is ready (``GET /health``: 200 yes, 503 not yet, loading).
 
-        None when the server has no such endpoint (Ollama); the wait is its Retry-After.
+        None when the server has no such endpoint (Ollama).
         """
-        url = f"{self.root}/health"
-        try:
-            async with self._session.get(
-                url, headers=self._headers, timeout=self._timeout()
-            ) as resp:
-                status, wait = resp.status, _seconds(resp.headers.get("Retry-After"))
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise unreachable(self.root, err) from err
-        if status == 200:
-            return True, None
-        if status == 503:
-            return False, wait
-        return None, None
+        status, _ = await self._get(f"{self.root}/health")
+        if status in (200, 503):
+            return status == 200
+        return None
 
     async def models(self) -> list[ModelInfo]:
         """The models the server offers (``GET /v1/models``)."""

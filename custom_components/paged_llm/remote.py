@@ -251,8 +251,7 @@ class RemoteBackend:
         warning is logged; the entities follow :attr:`available`.
         """
         try:
-            ready, _ = await self.client.health()
-            if ready is False:
+            if await self.client.health() is False:
                 self._reached(True, ready=False, why="it is loading its model")
                 return self._set_snapshot(MetricsSnapshot(engine_state=EngineState.LOADING))
             if not self._context_known:
