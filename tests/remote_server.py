@@ -82,12 +82,8 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError("paged-llm serve exited:\n" + "\n".join(self.log[-30:]))
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
+            if self.health_status() == 200:
+                return
             time.sleep(0.2)
         self.stop()
         raise TimeoutError("paged-llm serve did not become healthy:\n" + "\n".join(self.log))
