@@ -67,6 +67,23 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
+/* How far ahead of the weights in use the SIMD kernels ask for them (bytes). A decode step
+ * reads each weight once, a row after the other, and the hardware prefetcher alone left the
+ * kernels waiting on memory: over 100 copies of an 8192 x 2048 matrix on 2 threads (AVX-512
+ * VNNI Xeon) Q4_0 took 833 us a call (11.3 GB/s) without and 481 us (19.6 GB/s) with 2048
+ * bytes ahead, Q4_K 1066 -> 508 us, Q6_K 987 -> 701 us; 1024 was slower, 4096 the same.
+ * On a 2-core AMD EPYC (Zen 4), whose own prefetcher kept one row at 26-32 GB/s either way,
+ * 8 and 32 rows gained 10-45% (Q4_0 8 rows 1244 -> 1034 us, Q8_0 2033 -> 1154 us). */
+#define PREFETCH_AHEAD 2048
+
+/* Ask for the cache lines PREFETCH_AHEAD bytes past [p, p + bytes). A prefetch never faults,
+ * so reading past the end of the weights is harmless. */
+INLINE void prefetch_ahead(const uint8_t *p, int64_t bytes)
+{
+    for (int64_t line = 0; line < bytes; line += 64)
+        __builtin_prefetch(p + PREFETCH_AHEAD + line, 0, 3);
+}
+
 /* GGML's type ids. */
 enum {
     T_F32 = 0,
@@ -732,8 +749,10 @@ INLINE void small_rows_avx2_(const int type, const uint8_t *w, int64_t k, const 
     __m256 acc[RT];
     for (int64_t r = 0; r < R; r++)
         acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < whole; g++)
+    for (int64_t g = 0; g < whole; g++) {
+        prefetch_ahead(w + 8 * g * bytes, 8 * bytes);
         small_step_avx2(type, 8, w + 8 * g * bytes, x, xstride, k, g, R, acc);
+    }
     if (8 * whole < nb)
         small_step_avx2(type, (int)(nb - 8 * whole), w + 8 * whole * bytes, x, xstride, k, whole,
                         R, acc);
@@ -813,6 +832,7 @@ INLINE void super_rows_avx2_(const int type, const uint8_t *w, int64_t k, const 
     __m256 acc8 = _mm256_setzero_ps();
     for (int64_t b = 0; b < k / 256; b++) {
         const uint8_t *blk = w + b * bytes;
+        prefetch_ahead(blk, bytes);
         __m256i q[8], scv[8], mins;
         float d, dmin = 0.0f;
         if (type == T_Q6_K) {
