@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -231,7 +232,11 @@ def test_loading_leaves_no_torch_thread_pool_behind_on_the_calling_thread() -> N
 def test_a_first_start_parses_the_metadata_once_into_transformers_own_config_and_tokenizer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The config and tokenizer are exactly transformers' own, from one GGUFReader parse."""
+    """The config and tokenizer are exactly transformers' own, from one GGUFReader parse.
+
+    That parse reads the memory map as a plain array (the engine's faster reader); the
+    fields it gives must build the same config and tokenizer.
+    """
     import gguf
     from transformers import AutoConfig, AutoTokenizer
 
@@ -239,14 +244,18 @@ def test_a_first_start_parses_the_metadata_once_into_transformers_own_config_and
     parses: list[object] = []
     reader = gguf.GGUFReader
 
-    def counted(*args: object, **kwargs: object) -> object:
+    class Counted(reader):  # type: ignore[misc]
         """gguf's reader, counted."""
-        parses.append(args[0])
-        return reader(*args, **kwargs)
 
-    monkeypatch.setattr(gguf, "GGUFReader", counted)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            """Count the parse, then parse."""
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
     config, tokenizer = config_and_tokenizer(gguf_path, None)
     assert len(parses) == 1
+    assert gguf.GGUFReader is Counted  # the plain reader was for that parse only
     monkeypatch.setattr(gguf, "GGUFReader", reader)
     alone = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     alone_tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
