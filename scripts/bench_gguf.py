@@ -5,7 +5,8 @@ speed and memory depend on shapes and formats, not on weights) both servers run 
 the other, each a fresh process, and each is measured the same way:
 
 - load: process start to ``/health`` 200, and the bytes it wrote to disk meanwhile
-  (paged-llm's cache folder, a fresh temporary one per run; llama.cpp writes none);
+  (paged-llm's cache folder, a fresh temporary one per run, so the model's first load;
+  its C kernels built once beforehand, as llama-server is; llama.cpp writes none);
 - decode tokens/s of one request, and of 32 requests at once (as
   ``bench_llama_cpp.decode_rate`` counts: the tokens after each first token, from the
   moment the last request had its first token), greedy and ignoring EOS;
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -68,6 +70,19 @@ from gguf_models import (
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGED_LLM = ROOT / ".venv" / "bin" / "paged-llm"
+# The engine's C kernels, built once per bench run and shared by every fresh cache folder:
+# llama-server is built ahead of time too, and the engine compiles them once per machine,
+# not per model (about 6 s on 2 cores), so a model's first load is timed without it.
+KERNELS = ROOT / ".cache" / "bench-kernels"
+_BUILD_KERNELS = """
+import sys
+from pathlib import Path
+from paged_llm.kernels import cpu_attention, cpu_forward, cpu_quant, gguf_kernels
+for kernels in (gguf_kernels, cpu_forward, cpu_attention, cpu_quant):
+    reason = kernels.unavailable(Path(sys.argv[1]))
+    if reason is not None:
+        print(reason, file=sys.stderr)
+"""
 THREADS = 2
 KV_TOKENS = 8192  # one context of 8k tokens, shared by 32 slots: 32 x (16 + 128) fits
 LLAMA_KV_BYTES = 2  # llama.cpp's default K and V cache type is f16
@@ -399,6 +414,15 @@ def run_llama(
             result["peak_rss_bytes"] = server.peak_rss
 
 
+@functools.cache
+def built_kernels() -> Path:
+    """The engine's kernels built (once a run) into KERNELS, in a process of their own."""
+    KERNELS.mkdir(parents=True, exist_ok=True)
+    python = PAGED_LLM.parent / "python"
+    subprocess.run([str(python), "-c", _BUILD_KERNELS, str(KERNELS)], check=True)
+    return KERNELS
+
+
 def run_paged(
     gguf: Path, shape: Shape, plan: Plan, seed: int, out: Path, result: dict[str, Any]
 ) -> None:
@@ -408,6 +432,7 @@ def run_paged(
     result["log"] = str(log)
     with tempfile.TemporaryDirectory(prefix="paged-llm-cache-") as tmp:
         cache = Path(tmp)
+        (cache / "kernels").symlink_to(built_kernels(), target_is_directory=True)
         server = PagedServer(gguf, shape, plan, cache, log)
         result["kv"] = {"tokens": None, "dtype": server.kv_dtype, "bytes": server.kv_bytes}
         result["command"] = " ".join(server.command)
