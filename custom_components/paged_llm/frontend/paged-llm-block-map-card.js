@@ -396,7 +396,8 @@ class PagedLlmBlockMapCardEditor extends HTMLElement {
   }
 }
 
-if (!customElements.get(CARD_TYPE)) {
+function defineCard() {
+  if (customElements.get(CARD_TYPE)) return;
   customElements.define(CARD_TYPE, PagedLlmBlockMapCard);
   customElements.define(EDITOR_TYPE, PagedLlmBlockMapCardEditor);
   window.customCards = window.customCards || [];
@@ -409,3 +410,10 @@ if (!customElements.get(CARD_TYPE)) {
   });
   console.info(`%c PAGED-LLM-BLOCK-MAP-CARD %c ${VERSION} `, "color:white;background:#1e88e5", "");
 }
+
+// Home Assistant's app replaces window.customElements with a scoped-registry polyfill as it
+// starts. This module can run first (extra modules load beside the app), and a card defined
+// then lands in the browser's own registry, which the dashboard no longer reads: it showed
+// "Configuration error" until a reload. The app's root element is defined after the swap
+// (in either registry), so the card is defined then, in the registry the app uses.
+customElements.whenDefined("home-assistant").then(defineCard);
