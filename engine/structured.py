@@ -27,6 +27,12 @@ _CLOSING_EVERY = 16
 # Tokens kept in hand beyond the way to the end: one free token can lengthen the way (a
 # number's sign, an object opened), so the end is forced while this many are still spare.
 _CLOSING_SPARE = 8
+# A string whose last tokens repeat one unit of up to _LOOP_UNIT tokens _LOOP_TIMES times
+# (at least _LOOP_MIN tokens) is a loop ("1.1.1.1.", "la la la la"): a small model under
+# greedy decoding does not leave one, so the engine closes the string there.
+_LOOP_UNIT = 8
+_LOOP_TIMES = 8
+_LOOP_MIN = 16
 
 
 def _require_xgrammar() -> Any:
@@ -204,13 +210,18 @@ class StructuredOutput:
             logits[i, token] = 0.0
         self.last_mask_s = time.perf_counter() - started
 
-    def _string_too_long(self, seq: Sequence) -> bool:
-        """Whether the answer's open string has reached the cap and its grammar may close it."""
+    def _string_to_close(self, seq: Sequence) -> bool:
+        """Whether the answer's open string must end now and its grammar may close it.
+
+        It must once it holds the cap's characters, or once its last tokens loop.
+        """
         cap = self.bounds.string_chars
-        if seq.num_output_tokens * _TOKEN_CHARS < cap:
+        looping = _looping(seq.token_ids, seq.num_output_tokens)
+        if not looping and seq.num_output_tokens * _TOKEN_CHARS < cap:
             return False
         text = self._tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-        if open_string_length(text) < cap:
+        length = open_string_length(text)
+        if length < cap and not (looping and length > 0):
             return False
         if self._closer is None:
             self._closer = Closer(self._tokenizer, self.vocab_size)
@@ -226,7 +237,7 @@ class StructuredOutput:
         """
         tracker = self._trackers[seq.request_id]
         produced = seq.num_output_tokens
-        if tracker.closing is None and tracker.json and self._string_too_long(seq):
+        if tracker.closing is None and tracker.json and self._string_to_close(seq):
             return self._closer.quote if self._closer is not None else None
         if tracker.closing is None:
             left = seq.params.max_tokens - produced
@@ -249,6 +260,18 @@ class StructuredOutput:
         if step < len(tracker.closing):
             return tracker.closing[step]
         return self._stop_token_ids[0] if self._stop_token_ids else None
+
+
+def _looping(tokens: list[int], outputs: int) -> bool:
+    """Whether the last of ``tokens``, ``outputs`` of them generated, repeat one unit."""
+    for unit in range(1, _LOOP_UNIT + 1):
+        span = max(_LOOP_MIN, unit * _LOOP_TIMES)
+        if outputs < span:
+            break
+        tail = tokens[-span:]
+        if all(tail[i] == tail[i + unit] for i in range(span - unit)):
+            return True
+    return False
 
 
 def _compile(compiler: Any, field: str, text: str, bounds: JsonBounds) -> Any:
