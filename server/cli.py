@@ -80,6 +80,13 @@ def _engine_arguments(parser: argparse.ArgumentParser, positional_model: bool = 
     )
     group.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     group.add_argument("--max-waiting", type=int, default=256, help="queue length before 503")
+    group.add_argument(
+        "--json-string-chars",
+        type=int,
+        default=1000,
+        help="characters a JSON answer's string may hold when its schema sets no maxLength "
+        "(structured output and tool calls); default 1000",
+    )
     group.add_argument("--cache-dir", help="folder for converted GGUF models")
     group.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     group.add_argument(
@@ -91,6 +98,7 @@ def _engine_arguments(parser: argparse.ArgumentParser, positional_model: bool = 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The EngineConfig the arguments describe (ValueError naming a bad setting)."""
     from paged_llm.engine.config import EngineConfig
+    from paged_llm.engine.json_bounds import JsonBounds
 
     cache_dir = Path(args.cache_dir or os.environ.get("XDG_CACHE_HOME", "~/.cache") + "/paged-llm")
     return EngineConfig(
@@ -108,6 +116,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         attention_backend=args.attention_backend,
         cache_dir=cache_dir.expanduser(),
         enable_prefix_caching=not args.no_prefix_caching,
+        json_bounds=JsonBounds(string_chars=args.json_string_chars),
     )
 
 

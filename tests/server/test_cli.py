@@ -68,3 +68,15 @@ def test_weights_option_reaches_the_engine_config() -> None:
     assert engine_config(parser.parse_args(["serve"])).weights == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--weights", "q3"])
+
+
+def test_the_json_string_cap_reaches_the_engine_config() -> None:
+    """--json-string-chars sets the engine's cap on free JSON strings; a cap below 1 is refused."""
+    from paged_llm.server.cli import build_parser, engine_config
+
+    parser = build_parser()
+    config = engine_config(parser.parse_args(["serve", "--json-string-chars", "200"]))
+    assert config.json_bounds.string_chars == 200
+    assert engine_config(parser.parse_args(["serve"])).json_bounds.string_chars == 1000
+    with pytest.raises(ValueError, match="string_chars must be at least 1"):
+        engine_config(parser.parse_args(["serve", "--json-string-chars", "0"]))
