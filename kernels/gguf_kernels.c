@@ -890,6 +890,18 @@ INLINE void super_decode_avx2(const int type, const uint8_t *blk, __m256i q[8], 
     }
 }
 
+/* Lane i's term of 8 blocks' sums (block i's S in sv[i], M in mv[i]) and float factors:
+ * super_term's float operations, lane by lane. */
+INLINE __m256 super_terms8(const int type, __m256 d, __m256 dmin, __m256 dx, const __m256i sv[8],
+                           const __m128i mv[8])
+{
+    const __m256 t = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(reduce8(sv)));
+    if (type == T_Q6_K)
+        return t;
+    return _mm256_sub_ps(t, _mm256_mul_ps(_mm256_mul_ps(dmin, dx),
+                                          _mm256_cvtepi32_ps(reduce8x4(mv))));
+}
+
 /* A decode step's one row: the blocks taken 8 at a time, their sums reduced together with
  * block i in lane i and their terms formed lane by lane (super_term's float operations),
  * then added to the row's sum in block order. Reducing and combining each block on its own
@@ -920,13 +932,8 @@ INLINE void super_row1_avx2(const int type, const uint8_t *w, int64_t k, const u
             super_lanes_avx2(type, q, scv, mins, xv.q + 256 * b, xv.s + 16 * b, sv + i, mv + i);
             dx[i] = xv.d[b];
         }
-        const __m256 dx8 = _mm256_loadu_ps(dx);
-        __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(d), dx8),
-                                 _mm256_cvtepi32_ps(reduce8(sv)));
-        if (type != T_Q6_K)
-            t = _mm256_sub_ps(t, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(dmin), dx8),
-                                               _mm256_cvtepi32_ps(reduce8x4(mv))));
-        _mm256_storeu_ps(term, t);
+        _mm256_storeu_ps(term, super_terms8(type, _mm256_loadu_ps(d), _mm256_loadu_ps(dmin),
+                                            _mm256_loadu_ps(dx), sv, mv));
         for (int64_t i = 0; i < count; i++)
             acc += term[i];
     }
@@ -963,13 +970,8 @@ INLINE void super_rows_avx2_(const int type, const uint8_t *w, int64_t k, const 
             super_lanes_avx2(type, q, scv, mins, xv.q + 256 * b, xv.s + 16 * b, sv + r, mv + r);
             dx[r] = xv.d[b];
         }
-        const __m256 dx8 = _mm256_loadu_ps(dx);
-        __m256 term = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx8),
-                                    _mm256_cvtepi32_ps(reduce8(sv)));
-        if (type != T_Q6_K)
-            term = _mm256_sub_ps(term, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx8),
-                                                     _mm256_cvtepi32_ps(reduce8x4(mv))));
-        acc8 = _mm256_add_ps(acc8, term);
+        acc8 = _mm256_add_ps(acc8, super_terms8(type, _mm256_set1_ps(d), _mm256_set1_ps(dmin),
+                                                _mm256_loadu_ps(dx), sv, mv));
     }
     float lane[8];
     _mm256_storeu_ps(lane, acc8);
