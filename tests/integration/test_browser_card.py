@@ -92,22 +92,29 @@ def _held_back(route: Route) -> None:
     route.continue_()
 
 
+# JavaScript: ``deep(name)``, every element of that name under <home-assistant>, through
+# every shadow root.
+_DEEP = """
+    const deep = (name) => {
+        const out = [];
+        const walk = (node) => {
+            if (!node) return;
+            if (node.localName === name) out.push(node);
+            for (const child of [...(node.shadowRoot ? node.shadowRoot.children : []),
+                                 ...node.children]) walk(child);
+        };
+        walk(document.querySelector('home-assistant'));
+        return out;
+    };
+"""
+
+
 def _error_cards(page: Page) -> list[str]:
-    """The messages of the dashboard's error cards (in every shadow root)."""
+    """The configs of the dashboard's error cards (in every shadow root)."""
     found: list[str] = page.evaluate(
-        """() => {
-            const out = [];
-            const walk = (node) => {
-                if (!node) return;
-                if (node.localName === 'hui-error-card') {
-                    out.push(JSON.stringify(node._config || null));
-                }
-                for (const child of [...(node.shadowRoot ? node.shadowRoot.children : []),
-                                     ...node.children]) walk(child);
-            };
-            walk(document.querySelector('home-assistant'));
-            return out;
-        }"""
+        "() => {"
+        + _DEEP
+        + "return deep('hui-error-card').map((card) => JSON.stringify(card._config || null)); }"
     )
     return found
 
@@ -115,21 +122,11 @@ def _error_cards(page: Page) -> list[str]:
 def _legend(page: Page) -> dict[str, int]:
     """The card's legend counts by key."""
     counts: dict[str, int] = page.evaluate(
-        """(card) => {
-            const root = document.querySelector('home-assistant');
-            const find = (node) => {
-                if (!node) return null;
-                if (node.localName === card) return node;
-                for (const child of [...(node.shadowRoot ? node.shadowRoot.children : []),
-                                     ...node.children]) {
-                    const hit = find(child);
-                    if (hit) return hit;
-                }
-                return null;
-            };
-            const el = find(root);
+        "(card) => {"
+        + _DEEP
+        + """
             const out = {};
-            for (const item of el.shadowRoot.querySelectorAll('.legend .item')) {
+            for (const item of deep(card)[0].shadowRoot.querySelectorAll('.legend .item')) {
                 out[item.dataset.key] = Number(item.querySelector('.count').textContent);
             }
             return out;
