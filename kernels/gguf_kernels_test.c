@@ -159,7 +159,7 @@ static const char *type_name(int type)
     }
 }
 
-#define MAX_ROWS 17
+#define MAX_ROWS 70 /* past a tile's TILE_ROWS */
 
 /* The path's product of every row count up to MAX_ROWS against the reference, alone and in
  * a batch, with one thread and with all. */
@@ -180,7 +180,7 @@ static void check_product(int type, int64_t n, int64_t k, int extreme)
         for (int64_t o = 0; o < n; o++)
             ref_rows(type, w + o * rb, k, xq + r * ab, ab, 1, ref + r * n + o, 1);
     int ok = 1, batch_ok = 1, linear_ok = 1, threads_ok = 1;
-    const int64_t counts[] = {1, 2, 3, 5, 8, 9, MAX_ROWS};
+    const int64_t counts[] = {1, 2, 3, 5, 8, 9, 13, 17, 49, MAX_ROWS};
     for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
         const int64_t rows = counts[c];
         memset(got, 0xff, sizeof(float) * rows * n);
@@ -283,7 +283,10 @@ int main(void)
         for (size_t a = 0; a < 3; a++)
             for (size_t b = 0; b < 3; b++)
                 check_product(super[i], outs[b], super_k[a], 0);
+        check_product(super[i], 16, 512, 0); /* whole tiles of 8 outputs */
+        check_product(super[i], 41, 768, 0); /* tiles and one output past them */
         check_product(super[i], 5, 512, 1);
+        check_product(super[i], 16, 512, 1);
         check_product(super[i], 7, 8192, 0);
         check_activations(super[i], 2816);
         check_activations(super[i], 256);
