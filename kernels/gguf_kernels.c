@@ -1811,7 +1811,7 @@ static void tiles_for(int type, const uint8_t *w, int64_t n, int64_t k, const ui
 {
     const int64_t rb = gk_row_bytes(type, k), ab = gk_act_bytes(type, k);
     const int64_t tiled = n / TILE_OUT * TILE_OUT;
-    int64_t oc = (chunk_outputs(rb, n) + TILE_OUT - 1) / TILE_OUT * TILE_OUT;
+    const int64_t oc = (chunk_outputs(rb, n) + TILE_OUT - 1) / TILE_OUT * TILE_OUT;
     const int64_t chunks = (tiled + oc - 1) / oc + (tiled < n);
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
