@@ -828,12 +828,45 @@ INLINE __m256i reduce8x4(const __m128i m[8])
     return _mm256_hadd_epi32(a, b);
 }
 
+/* The codes of groups 2c and 2c + 1 of a Q4_K or Q5_K block from its code bytes v of chunk
+ * c (low nibbles, high nibbles) and, for Q5_K, its high-bit bytes hb, byte for byte in step
+ * with v (bit j of a byte is the fifth bit of group j; 16-bit shifts keep bytes apart here,
+ * since only bit 4 is kept). */
+INLINE void k4_codes(const int five, __m256i v, __m256i hb, int c, __m256i *lo, __m256i *hi)
+{
+    const __m256i m4 = _mm256_set1_epi8(15);
+    *lo = _mm256_and_si256(v, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (!five)
+        return;
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    const __m256i b0 = c < 2 ? _mm256_slli_epi16(hb, 4 - 2 * c) : _mm256_srli_epi16(hb, 2 * c - 4);
+    const __m256i b1 = c < 2 ? _mm256_slli_epi16(hb, 3 - 2 * c) : _mm256_srli_epi16(hb, 2 * c - 3);
+    *lo = _mm256_or_si256(*lo, _mm256_and_si256(b0, bit4));
+    *hi = _mm256_or_si256(*hi, _mm256_and_si256(b1, bit4));
+}
+
+/* The codes of Q6_K's groups of 32 values j = 0..3 of one half of a block, from its low
+ * bytes l0 (groups 0, 2) and l1 (1, 3) and its high bits hb (bits 2j, 2j + 1), byte for
+ * byte in step. */
+INLINE void q6_codes(__m256i l0, __m256i l1, __m256i hb, __m256i out[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(0x30);
+    out[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                             _mm256_and_si256(_mm256_slli_epi16(hb, 4), m3));
+    out[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                             _mm256_and_si256(_mm256_slli_epi16(hb, 2), m3));
+    out[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                             _mm256_and_si256(hb, m3));
+    out[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(hb, 2), m3));
+}
+
 /* A K block decoded: its codes q (32 values each), their scales spread for madd (scv), the
  * mins (Q6_K: its 16 scales) as int16, d and dmin. */
 INLINE void super_decode_avx2(const int type, const uint8_t *blk, __m256i q[8], __m256i scv[8],
                               __m256i *mins, float *d, float *dmin)
 {
-    const __m256i m4 = _mm256_set1_epi8(15);
     *dmin = 0.0f;
     if (type == T_Q6_K) {
         *d = fp16(blk + 208);
@@ -848,19 +881,9 @@ INLINE void super_decode_avx2(const int type, const uint8_t *blk, __m256i q[8], 
         scv[5] = _mm256_shuffle_epi8(f, SPREAD(2, 3));
         scv[6] = _mm256_shuffle_epi8(f, SPREAD(4, 5));
         scv[7] = _mm256_shuffle_epi8(f, SPREAD(6, 7));
-        const __m256i m3 = _mm256_set1_epi8(0x30);
-        for (int h = 0; h < 2; h++) {
-            const __m256i l0 = mm_load(blk + 64 * h), l1 = mm_load(blk + 64 * h + 32);
-            const __m256i hb = mm_load(blk + 128 + 32 * h);
-            q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                           _mm256_and_si256(_mm256_slli_epi16(hb, 4), m3));
-            q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                           _mm256_and_si256(_mm256_slli_epi16(hb, 2), m3));
-            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                           _mm256_and_si256(hb, m3));
-            q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), m3));
-        }
+        for (int h = 0; h < 2; h++)
+            q6_codes(mm_load(blk + 64 * h), mm_load(blk + 64 * h + 32),
+                     mm_load(blk + 128 + 32 * h), q + 4 * h);
     } else {
         *d = fp16(blk);
         *dmin = fp16(blk + 2);
@@ -874,24 +897,11 @@ INLINE void super_decode_avx2(const int type, const uint8_t *blk, __m256i q[8], 
         scv[5] = _mm256_shuffle_epi8(e, SPREAD(5, 5));
         scv[6] = _mm256_shuffle_epi8(e, SPREAD(6, 6));
         scv[7] = _mm256_shuffle_epi8(e, SPREAD(7, 7));
-        const uint8_t *qs = blk + 16 + 32 * (type == T_Q5_K);
-        for (int c = 0; c < 4; c++) {
-            const __m256i v = mm_load(qs + 32 * c);
-            q[2 * c] = _mm256_and_si256(v, m4);
-            q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
-        if (type == T_Q5_K) {
-            const __m256i hb = mm_load(blk + 16), bit4 = _mm256_set1_epi8(0x10);
-            /* bit j of each byte moved to bit 4 (16-bit shifts keep bytes apart here) */
-            q[0] = _mm256_or_si256(q[0], _mm256_and_si256(_mm256_slli_epi16(hb, 4), bit4));
-            q[1] = _mm256_or_si256(q[1], _mm256_and_si256(_mm256_slli_epi16(hb, 3), bit4));
-            q[2] = _mm256_or_si256(q[2], _mm256_and_si256(_mm256_slli_epi16(hb, 2), bit4));
-            q[3] = _mm256_or_si256(q[3], _mm256_and_si256(_mm256_slli_epi16(hb, 1), bit4));
-            q[4] = _mm256_or_si256(q[4], _mm256_and_si256(hb, bit4));
-            q[5] = _mm256_or_si256(q[5], _mm256_and_si256(_mm256_srli_epi16(hb, 1), bit4));
-            q[6] = _mm256_or_si256(q[6], _mm256_and_si256(_mm256_srli_epi16(hb, 2), bit4));
-            q[7] = _mm256_or_si256(q[7], _mm256_and_si256(_mm256_srli_epi16(hb, 3), bit4));
-        }
+        const int five = type == T_Q5_K;
+        const __m256i hb = five ? mm_load(blk + 16) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++)
+            k4_codes(five, mm_load(blk + 16 + 32 * five + 32 * c), hb, c, q + 2 * c,
+                     q + 2 * c + 1);
     }
 }
 
@@ -1087,7 +1097,7 @@ INLINE void tile_decode8(const int type, const uint8_t *w, int64_t rb, int64_t b
     const uint8_t *blk[8];
     for (int i = 0; i < 8; i++)
         blk[i] = w + i * rb + b * bytes;
-    const __m256i m4 = _mm256_set1_epi8(15), low16 = _mm256_set1_epi32(0xffff);
+    const __m256i low16 = _mm256_set1_epi32(0xffff);
     __m256i *q = tb->q[h], *sc = tb->sc[h], *mins = tb->mins[h];
     __m256i v[8], t[8];
     if (type == T_Q6_K) {
@@ -1101,22 +1111,16 @@ INLINE void tile_decode8(const int type, const uint8_t *w, int64_t rb, int64_t b
             sc[2 * p] = _mm256_srai_epi32(_mm256_slli_epi32(t[p], 16), 16);
             sc[2 * p + 1] = _mm256_srai_epi32(t[p], 16);
         }
-        const __m256i m3 = _mm256_set1_epi8(0x30);
         for (int half = 0; half < 2; half++) {
             __m256i l0[8], l1[8], hb[8];
             load_transposed(blk, 64 * half, l0);
             load_transposed(blk, 64 * half + 32, l1);
             load_transposed(blk, 128 + 32 * half, hb);
-            for (int u = 0; u < 8; u++) {
-                __m256i *o = q + 32 * half + u;
-                o[0] = _mm256_or_si256(_mm256_and_si256(l0[u], m4),
-                                       _mm256_and_si256(_mm256_slli_epi16(hb[u], 4), m3));
-                o[8] = _mm256_or_si256(_mm256_and_si256(l1[u], m4),
-                                       _mm256_and_si256(_mm256_slli_epi16(hb[u], 2), m3));
-                o[16] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0[u], 4), m4),
-                                        _mm256_and_si256(hb[u], m3));
-                o[24] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1[u], 4), m4),
-                                        _mm256_and_si256(_mm256_srli_epi16(hb[u], 2), m3));
+            for (int u = 0; u < 8; u++) { /* group j's quad u in q[32 half + 8 j + u] */
+                __m256i c[4];
+                q6_codes(l0[u], l1[u], hb[u], c);
+                for (int j = 0; j < 4; j++)
+                    q[32 * half + 8 * j + u] = c[j];
             }
         }
         return;
@@ -1132,26 +1136,13 @@ INLINE void tile_decode8(const int type, const uint8_t *w, int64_t rb, int64_t b
         mins[p] = t[4 + p];
     }
     const int five = type == T_Q5_K;
-    __m256i hb[8];
+    __m256i hb[8] = {0};
     if (five)
         load_transposed(blk, 16, hb);
-    const __m256i bit4 = _mm256_set1_epi8(0x10);
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < 4; c++) { /* groups 2c, 2c + 1: quad u in q[16 c + u], q[16 c + 8 + u] */
         load_transposed(blk, 16 + 32 * five + 32 * c, v);
-        for (int u = 0; u < 8; u++) {
-            __m256i lo = _mm256_and_si256(v[u], m4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v[u], 4), m4);
-            if (five) { /* bits 2c and 2c + 1 of each byte to bit 4 (bytes stay apart) */
-                const __m256i b0 = c < 2 ? _mm256_slli_epi16(hb[u], 4 - 2 * c)
-                                         : _mm256_srli_epi16(hb[u], 2 * c - 4);
-                const __m256i b1 = c < 2 ? _mm256_slli_epi16(hb[u], 3 - 2 * c)
-                                         : _mm256_srli_epi16(hb[u], 2 * c - 3);
-                lo = _mm256_or_si256(lo, _mm256_and_si256(b0, bit4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(b1, bit4));
-            }
-            q[16 * c + u] = lo;
-            q[16 * c + 8 + u] = hi;
-        }
+        for (int u = 0; u < 8; u++)
+            k4_codes(five, v[u], hb[u], c, q + 16 * c + u, q + 16 * c + 8 + u);
     }
 }
 
