@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from paged_llm.engine.gguf_model import GGUFLinear
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import LoadedModel
 
@@ -102,7 +103,10 @@ def machine_limits(loaded: LoadedModel) -> dict[str, float]:
         for m in model.modules()
         if hasattr(m, "in_features") and not isinstance(getattr(m, "weight", None), torch.Tensor)
     )
-    tensors = [*model.parameters(), *model.buffers()]
+    # GGUF layers read their file's blocks, which are neither parameters nor buffers (a
+    # head tied to the embedding shares its matrix: counted once).
+    matrices = {id(m.matrix): m.matrix.data for m in model.modules() if isinstance(m, GGUFLinear)}
+    tensors = [*model.parameters(), *model.buffers(), *matrices.values()]
     weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
     return {
         "matmul_gflops": flops / 1e9,
