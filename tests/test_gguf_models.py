@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from bench_gguf import METRICS, Prompts, ratio, ratios, table
-from gguf_models import SHAPES, gguf_path, parse_list, shape_of
+from benchmarks.gguf import METRICS, Prompts, ratio, ratios, table
+from benchmarks.gguf_models import SHAPES, gguf_path, parse_list, shape_of
 
 # (hidden, intermediate, layers, heads, kv heads, vocab, rope theta, positions, kind)
 STATED = {

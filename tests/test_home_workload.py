@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
-from support import tokenizer_dir
+from benchmarks.workload import MODES, build_workload
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from home_workload import MODES, build_workload
+from support import tokenizer_dir
 
 
 @pytest.fixture(scope="module")

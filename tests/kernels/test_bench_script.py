@@ -1,31 +1,11 @@
-"""scripts/bench_kernels.py: its logic runs on the CPU and it explains why it needs CUDA."""
+"""benchmarks/kernels.py: its logic runs on the CPU and it explains why it needs CUDA."""
 
 from __future__ import annotations
-
-import importlib.util
-import sys
-from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_kernels.py"
-
-
-@pytest.fixture(scope="module")
-def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("bench_kernels", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being built
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
+from benchmarks import kernels as bench
 
 
 def _table_rows(text: str, header_start: str) -> list[list[str]]:
@@ -40,9 +20,7 @@ def _table_rows(text: str, header_start: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_cpu_smoke_prints_both_tables(
-    bench: ModuleType, backend: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cpu_smoke_prints_both_tables(backend: str, capsys: pytest.CaptureFixture[str]) -> None:
     if backend == "triton":
         triton_attention = pytest.importorskip("paged_llm.kernels.triton_attention")
         if not triton_attention.INTERPRETED:
@@ -59,7 +37,7 @@ def test_cpu_smoke_prints_both_tables(
         assert float(row[3 if row in decode else 2]) > 0  # kernel milliseconds
 
 
-def test_traffic_and_flops_count_what_a_step_moves(bench: ModuleType) -> None:
+def test_traffic_and_flops_count_what_a_step_moves() -> None:
     shape = bench.Shape(8, 2, 64, 16, torch.bfloat16)
     case = bench.Case(batch=4, q_len=1, ctx=100)
     kv = 2 * 4 * 100 * 2 * 64 * 2
@@ -69,6 +47,6 @@ def test_traffic_and_flops_count_what_a_step_moves(bench: ModuleType) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
-def test_without_cuda_it_says_so(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_cuda_it_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main([]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err

@@ -1,24 +1,22 @@
 """One-request and 32-at-once decode speed of the bundled model by weight format, side by side.
 
-``.venv/bin/python scripts/bench_weights.py [--dtype auto] [--formats float,q4,q8]``: loads
+``scripts/bench weights [--dtype auto] [--formats float,q4,q8]``: loads
 the model once per format and alternates the formats round by round, so a busy machine
 skews them alike; prints the best round of each.
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
-from pathlib import Path
-
-from bench_machine import step_until_decoding
 
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import load_model
 from paged_llm.engine.sequence import SamplingParams
 
-ROOT = Path(__file__).resolve().parents[1]
+from . import ROOT, argument_parser
+from .machine import step_until_decoding
 
 
 def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> float:
@@ -33,14 +31,14 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> float:
     return produced / (time.perf_counter() - started)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Parse arguments, load each format, alternate rounds, print the best of each."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argument_parser("weights", __doc__)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--formats", default="float,q4,q8")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", default="1,32")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     engines = {}
     for fmt in args.formats.split(","):
         config = EngineConfig(
@@ -60,4 +58,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

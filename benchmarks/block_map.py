@@ -1,16 +1,21 @@
-"""Time a block-map snapshot of a large KV pool: what a live card costs the engine thread."""
+"""Time a block-map snapshot of a large KV pool: what a live card costs the engine thread.
+
+Run: ``scripts/bench block_map [--blocks 1000 10000 50000] [--repeat 200] [--json]``.
+"""
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
+import sys
 import time
 
 from paged_llm.engine.block_map import BlockMap, take_block_map
 from paged_llm.engine.kv_cache_manager import KVCacheManager
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence, SequenceStatus
+
+from . import argument_parser
 
 
 def fill_pool(
@@ -88,14 +93,14 @@ def measure(kv: KVCacheManager, running: list[Sequence], repeat: int) -> dict[st
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Print the cost of a snapshot for each pool size asked."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argument_parser("block_map", __doc__)
     parser.add_argument("--blocks", type=int, nargs="+", default=[1000, 10000, 50000])
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--json", action="store_true", help="print one JSON object per size")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for num_blocks in args.blocks:
         kv, running = fill_pool(num_blocks, args.block_size)
         result = measure(kv, running, args.repeat)
@@ -112,4 +117,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

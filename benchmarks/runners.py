@@ -13,18 +13,18 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
-from home_workload import HomeRequest
 
 from paged_llm.engine.async_engine import AsyncEngine
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig, KVLayout
 from paged_llm.engine.loader import LoadedModel
 from paged_llm.engine.sequence import SamplingParams
 
-ROOT = Path(__file__).resolve().parents[1]
+from . import ROOT
+from .workload import HomeRequest
+
 CLASSES = ("interactive", "automation", "background")
 # Tokens before a voice answer in Home Assistant: the Assist system prompt with a home's
 # exposed entities and the question. One request decodes slower there than after the
@@ -196,7 +196,7 @@ async def _drive_engine(engine: AsyncEngine, workload: list[HomeRequest]) -> lis
 def run_engine(
     loaded: LoadedModel, config: EngineConfig, workload: list[HomeRequest], name: str
 ) -> SystemRun:
-    """This engine (paged or contiguous) on the workload, driven through AsyncEngine."""
+    """Run this engine (paged or contiguous) on the workload, driven through AsyncEngine."""
 
     async def main() -> SystemRun:
         engine = AsyncEngine(config, loaded=loaded)
@@ -284,7 +284,7 @@ def run_sequential(loaded: LoadedModel, workload: list[HomeRequest]) -> SystemRu
 
 
 def run_hf_continuous(loaded: LoadedModel, workload: list[HomeRequest]) -> SystemRun:
-    """transformers' own continuous batching manager, fed at the same arrival times."""
+    """Run transformers' own continuous batching manager, fed at the same arrival times."""
     from transformers import GenerationConfig
 
     model = loaded.model

@@ -7,13 +7,12 @@ SmolLM2's tokenizer (taken from the bundled model: there is no Hub here), conver
 llama.cpp's ``convert_hf_to_gguf.py --outtype bf16`` and quantized with ``llama-quantize``.
 Everything is cached under ``.cache/models/``; a file that exists is not made again.
 
-``python scripts/gguf_models.py [--shapes 360m,1.7b,qwen1.5b] [--formats Q4_0,Q4_K_M,Q8_0]``
+``scripts/bench gguf_models [--shapes 360m,1.7b,qwen1.5b] [--formats Q4_0,Q4_K_M,Q8_0]``
 prints the paths of the quantized files.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -25,7 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from . import ROOT, argument_parser
+
 MODELS = ROOT / ".cache" / "models"
 FORMATS = ("Q4_0", "Q4_K_M", "Q8_0")
 # The tokenizer of SmolLM2 135M, 360M and 1.7B is one and the same.
@@ -142,7 +142,7 @@ SHAPES: dict[str, Shape] = {
 }
 
 # The bundled model (SmolLM2-135M-Instruct, its shipped Q4_1 file), which
-# bench_gguf.py --bundled runs as it is: nothing is built for it.
+# ``scripts/bench gguf --bundled`` runs as it is: nothing is built for it.
 BUNDLED_SHAPE = Shape(
     key="135m",
     name="SmolLM2-135M",
@@ -179,10 +179,10 @@ def gguf_path(shape: Shape, fmt: str) -> Path:
 
 
 def llama_cpp_source() -> Path:
-    """The vendored llama.cpp source folder (unpacked by bench_llama_cpp on first use)."""
-    from bench_llama_cpp import _source_dir
+    """The vendored llama.cpp source folder (unpacked by benchmarks.llama_cpp on first use)."""
+    from .llama_cpp import source_dir
 
-    return _source_dir()
+    return source_dir()
 
 
 def _save_tokenizer(folder: Path) -> None:
@@ -264,10 +264,10 @@ def convert(hf: Path, out: Path) -> float:
 
 def quantize(source: Path, out: Path, fmt: str, threads: int = 2) -> float:
     """llama.cpp's llama-quantize on ``threads`` threads; returns its wall time."""
-    from bench_llama_cpp import build_server, quantize_path
+    from .llama_cpp import build_server, quantize_path
 
     if not quantize_path().exists() and build_server() is None:
-        raise SystemExit("llama-quantize is unavailable (see bench_llama_cpp.skip_reason)")
+        raise SystemExit("llama-quantize is unavailable (see benchmarks.llama_cpp.skip_reason)")
     command = [str(quantize_path()), str(source), str(out), fmt, str(threads)]
     return _run(command, out.with_suffix(".quantize.log"))
 
@@ -356,19 +356,19 @@ def shape_of(path: Path) -> tuple[Shape, str]:
         prefix = f"{shape.name}-random-"
         if path.name.startswith(prefix) and path.suffix == ".gguf":
             return shape, path.name.removeprefix(prefix).removesuffix(".gguf")
-    raise ValueError(f"{path} is not one of the files gguf_models.py makes")
+    raise ValueError(f"{path} is not one of the files benchmarks.gguf_models makes")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Command line: make the files and print their paths."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argument_parser("gguf_models", __doc__)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--clean", action="store_true", help="delete the bf16 intermediates afterwards"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     shapes = parse_list(args.shapes, SHAPES, "shapes")
     formats = parse_list(args.formats, FORMATS, "formats")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -377,4 +377,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

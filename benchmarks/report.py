@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench_runners import CLASSES, VOICE_CONTEXT, RequestResult, SystemRun
+from .runners import CLASSES, VOICE_CONTEXT, RequestResult, SystemRun
 
 
 def fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
@@ -202,7 +202,7 @@ def report(data: dict[str, Any], runs: list[SystemRun]) -> str:
 
 
 def llama_cpp_section(data: dict[str, Any], runs: list[SystemRun]) -> list[str]:
-    """This engine against llama.cpp on the same GGUF file: decode rates, the mix, memory."""
+    """The section on this engine against llama.cpp on the same GGUF file: decode, mix, memory."""
     peer = data.get("llama_cpp") or {}
     if "one_request_tokens_per_s" not in peer:
         return ["", f"## Against llama.cpp: {peer.get('skipped', 'not run')}"]

@@ -1,6 +1,6 @@
 """Builds llama.cpp's ``llama-server`` from the llama-cpp-python sdist and runs it as a peer.
 
-``python scripts/bench_llama_cpp.py build`` downloads the sdist with pip (a package registry),
+``scripts/bench llama_cpp build`` downloads the sdist with pip (a package registry),
 builds only the server and quantize targets (Release, -j2, nice) and caches the binaries
 under ``.cache/llama.cpp/``; later calls return the cached binary at once. When cmake or a C++
 compiler is missing, :func:`build_server` returns None and :func:`skip_reason` says why.
@@ -8,7 +8,6 @@ compiler is missing, :func:`build_server` returns None and :func:`skip_reason` s
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib.util
 import json
@@ -22,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from . import ROOT, argument_parser
+
 CACHE = ROOT / ".cache" / "llama.cpp"
 SDIST = "llama-cpp-python"
 
@@ -46,7 +46,7 @@ def quantize_path() -> Path:
     return CACHE / "build" / "bin" / "llama-quantize"
 
 
-def _source_dir(log: object = print) -> Path:
+def source_dir(log: object = print) -> Path:
     """Download and unpack the sdist once; return its vendored llama.cpp source folder."""
     existing = sorted(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"))
     if existing:
@@ -83,7 +83,7 @@ def build_server(jobs: int = 2, log: object = print) -> Path | None:
     if reason is not None:
         log(reason)  # type: ignore[operator]
         return None
-    source = _source_dir(log)
+    source = source_dir(log)
     build = CACHE / "build"
     log(f"llama.cpp: building llama-server and llama-quantize from {source} (minutes on 2 cores)")  # type: ignore[operator]
     # AMX off: a virtual machine may show AMX in its CPU flags without granting its tile
@@ -318,15 +318,15 @@ def decode_rate(binary: Path, gguf: Path, prompt_ids: list[int], batch: int, tok
         return asyncio.run(main(server))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Command line: ``build`` prints the binary's path (or the skip reason)."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argument_parser("llama_cpp", __doc__)
     parser.add_argument("command", choices=["build"])
     parser.add_argument("--jobs", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     binary = build_server(args.jobs)
     print(binary if binary else skip_reason())
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """The 4/8-bit CPU kernels alone at the bundled model's shapes, optionally against an older source.
 
-``.venv/bin/python scripts/bench_cpu_quant.py [--against REV|FILE] [--rows 1,2,4,8,32]``: times
+``scripts/bench cpu_quant [--against REV|FILE] [--rows 1,2,4,8,32]``: times
 all 210 4-bit layers of SmolLM2-135M (random weights, so the codes come from memory as in a
 decode step) and its 49,152 x 576 8-bit output projection, per number of rows. With
 ``--against`` the source of that git revision (or that C file) is built too and the two
@@ -10,9 +10,9 @@ each, in milliseconds.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +21,8 @@ import torch
 
 from paged_llm.kernels import cpu_quant
 
-ROOT = Path(__file__).resolve().parents[1]
+from . import ROOT, argument_parser
+
 HIDDEN, INTERMEDIATE, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152
 # (out, in) of one decoder layer's q, k, v, o, gate, up and down projections.
 LAYER_SHAPES = [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN),
@@ -68,15 +69,15 @@ def build(build_dir: Path, source: Path) -> ctypes.CDLL:
     return lib
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Parse arguments, build the versions, alternate rounds, print the best of each."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argument_parser("cpu_quant", __doc__)
     parser.add_argument(
         "--against", help="a C file, or a git revision whose kernels/cpu_quant.c, to compare"
     )
     parser.add_argument("--rows", default="1,2,3,4,8,16,32,64")
     parser.add_argument("--rounds", type=int, default=4)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows_list = [int(r) for r in args.rows.split(",")]
     if max(rows_list) > cpu_quant.MAX_ROWS:
         raise SystemExit(f"the kernels take at most {cpu_quant.MAX_ROWS} rows per call")
@@ -109,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,14 +1,15 @@
 """The home-workload benchmark: this engine against transformers and contiguous reservation.
 
-Run through ``scripts/bench [--quick|--full]``. Writes results.json, report.md and PNG plots
-to bench_results/<mode>/ and prints the report. The parts: ``home_workload`` (the requests),
-``bench_runners`` (the systems), ``bench_experiments`` (focused experiments),
-``bench_machine`` (the machine's figures) and ``bench_report`` (tables and plots).
+Run through ``scripts/bench [--quick|--full]`` (``python -m benchmarks [home] ...``). Writes
+results.json, report.md and PNG plots to bench_results/<mode>/ and prints the report. The
+parts: ``benchmarks.workload`` (the requests), ``benchmarks.runners`` (the systems),
+``benchmarks.experiments`` (focused experiments), ``benchmarks.machine`` (the machine's
+figures), ``benchmarks.llama_cpp`` (the llama.cpp peer), ``benchmarks.server`` (the HTTP
+comparison) and ``benchmarks.report`` (tables and plots).
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -21,35 +22,6 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-# The summary experiment runs the integration's own Summarizer.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_experiments import (
-    batch32_experiment,
-    capacity_experiment,
-    idle_voice_experiment,
-    overhead_experiment,
-    prefix_experiment,
-    summary_experiment,
-)
-from bench_llama_cpp import build_server, decode_rate, run_workload, skip_reason
-from bench_machine import cpu_name, in_own_thread, machine_limits, quiet_check
-from bench_report import report, runs_from_json, write_plots
-from bench_runners import (
-    CLASSES,
-    ROOT,
-    VOICE_CONTEXT,
-    RequestResult,
-    SystemRun,
-    engine_config,
-    run_engine,
-    run_hf_continuous,
-    run_sequential,
-)
-from bench_server import server_experiment, server_report
-from home_workload import MODES, build_workload
-
 from paged_llm.engine.config import (
     DEFAULT_MODEL,
     INTERACTIVE_HOLD_SECONDS,
@@ -61,12 +33,38 @@ from paged_llm.engine.config import (
 from paged_llm.engine.loader import load_model
 from paged_llm.engine.model_runner import kv_bytes_per_block, resolve_kv_dtype
 
+from . import ROOT, argument_parser
+from .experiments import (
+    batch32_experiment,
+    capacity_experiment,
+    idle_voice_experiment,
+    overhead_experiment,
+    prefix_experiment,
+    summary_experiment,
+)
+from .llama_cpp import build_server, decode_rate, run_workload, skip_reason
+from .machine import cpu_name, in_own_thread, machine_limits, quiet_check
+from .report import report, runs_from_json, write_plots
+from .runners import (
+    CLASSES,
+    VOICE_CONTEXT,
+    RequestResult,
+    SystemRun,
+    engine_config,
+    run_engine,
+    run_hf_continuous,
+    run_sequential,
+)
+from .server import server_experiment, server_report
+from .workload import MODES, build_workload
+
 
 def run_llama_cpp(workload: list[Any], rounds: int) -> dict[str, Any]:
-    """llama.cpp's llama-server on the same GGUF file: the home mix, then 1 and 32 at once
-    (each the best of ``rounds``, as the engine's own decode rates are).
+    """Run llama.cpp's llama-server on the same GGUF file: the home mix, then 1 and 32 at once.
 
-    Built from the llama-cpp-python sdist on first use (scripts/bench_llama_cpp.py); skipped with
+    The decode rates are each the best of ``rounds``, as the engine's own are.
+
+    Built from the llama-cpp-python sdist on first use (benchmarks/llama_cpp.py); skipped with
     a line saying why when cmake or a C++ compiler is missing or the build fails.
     """
     from paged_llm.engine.loader import bundled_gguf_path
@@ -104,9 +102,9 @@ def run_llama_cpp(workload: list[Any], rounds: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Parse arguments, run every system and experiment, write the results."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argument_parser("home", __doc__)
     parser.add_argument("--full", action="store_true", help="the long run (default: --quick)")
     parser.add_argument("--quick", action="store_true", help="under 5 minutes on 2 cores")
     parser.add_argument("--seed", type=int, default=0)
@@ -167,7 +165,7 @@ def main() -> None:
     parser.add_argument(
         "--report-only", action="store_true", help="rewrite report.md from results.json"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     mode = "full" if args.full else "quick"
     out = args.out or ROOT / "bench_results" / mode
     out.mkdir(parents=True, exist_ok=True)
@@ -380,4 +378,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

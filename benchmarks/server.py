@@ -19,11 +19,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench_runners import CLASSES, RequestResult, SystemRun, engine_config, run_engine
-from home_workload import HomeRequest
-
 from paged_llm.engine.config import DEFAULT_MODEL, KVLayout
 from paged_llm.engine.loader import LoadedModel
+
+from .runners import CLASSES, RequestResult, SystemRun, engine_config, run_engine
+from .workload import HomeRequest
 
 BATCH = 32
 BATCH_TOKENS = 64

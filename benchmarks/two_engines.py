@@ -4,7 +4,7 @@ Home Assistant runs one engine per entry. The first table checks that a second e
 not slow one request beyond sharing the cores; the second, that voice queries on one
 engine stay fast while the other reads long documents. Each case runs in a fresh process
 (torch's OpenMP pools are process state).
-Usage: ``.venv/bin/python scripts/bench_two_engines.py [--rounds N]``.
+Usage: ``scripts/bench two_engines [--rounds N]``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from . import ROOT, argument_parser
+
 CASES = {
     "one": "one engine",
     "idle": "a second engine, idle",
@@ -25,6 +27,8 @@ CASES = {
 }
 TOKENS = 64
 VOICE_QUERIES = 12
+# A case's process runs this module again; from the checkout, where ``benchmarks`` imports.
+ITSELF = [sys.executable, "-m", "benchmarks.two_engines"]
 
 
 async def decode_rate(engine: object, tokens: int) -> float:
@@ -110,12 +114,12 @@ async def voice_beside_summaries(rounds: int) -> list[float]:
         await reader.stop()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run every case in its own process and print a table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser("two_engines", __doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--case", choices=[*CASES, "voice"], help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.case == "voice":
         print(" ".join(f"{t:.3f}" for t in asyncio.run(voice_beside_summaries(args.rounds))))
         return
@@ -126,8 +130,8 @@ def main() -> None:
     print(f"One request, {TOKENS} tokens, decode tokens/s ({args.rounds} rounds)\n")
     print("| case | tokens/s |\n| --- | ---: |")
     for case, label in CASES.items():
-        command = [sys.executable, __file__, "--case", case, "--rounds", str(args.rounds)]
-        out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        command = [*ITSELF, "--case", case, "--rounds", str(args.rounds)]
+        out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, check=True)
         rates = [float(x) for x in out.stdout.split()]
         print(f"| {label} | {min(rates):.1f}–{max(rates):.1f} |")
     print(
@@ -135,12 +139,12 @@ def main() -> None:
         "while the other reads 8 documents of 1,500 tokens\n"
     )
     print("| | p50 s | p95 s | p95 vs idle |\n| --- | ---: | ---: | ---: |")
-    command = [sys.executable, __file__, "--case", "voice", "--rounds", str(args.rounds)]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    command = [*ITSELF, "--case", "voice", "--rounds", str(args.rounds)]
+    out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     idle50, idle95, busy50, busy95 = (float(x) for x in out.stdout.split())
     print(f"| idle | {idle50:.3f} | {idle95:.3f} | 1.00x |")
     print(f"| beside the documents | {busy50:.3f} | {busy95:.3f} | {busy95 / idle95:.2f}x |")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """The benchmark's machine: is it quiet, what is it, how fast can it multiply and copy.
 
-Also what every timing script shares: a thread per phase, and steps up to the decodes.
+Also what every timing benchmark shares: a thread per phase, and steps up to the decodes.
 """
 
 from __future__ import annotations

@@ -12,10 +12,6 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
-from bench_machine import step_until_decoding
-from bench_runners import engine_config, pct
-from home_workload import WORDS, HomeRequest
-
 from paged_llm.engine.async_engine import AsyncEngine
 from paged_llm.engine.config import KVLayout, SchedulerConfig
 from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
@@ -26,6 +22,10 @@ from paged_llm.engine.model_runner import config_kv_dtype, kv_bytes_per_block
 from paged_llm.engine.scheduler import Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.utils import cdiv
+
+from .machine import step_until_decoding
+from .runners import engine_config, pct
+from .workload import WORDS, HomeRequest
 
 # Seconds between voice queries while the summary runs (a conversation's pace).
 VOICE_GAP = 1.0
@@ -294,8 +294,11 @@ def summary_experiment(
     )
 
     def figures(asked: list[_Asked], idle: list[_Asked], label: str) -> dict[str, Any]:
-        """TTFT, whole answer and time per output token (p50, p95, p95 against idle),
-        longest queue wait, preempted voice."""
+        """One group of voice queries' figures, each against the idle ones.
+
+        TTFT, whole answer and time per output token (p50, p95, p95 against idle), the
+        longest queue wait, and how often voice was preempted.
+        """
         out: dict[str, Any] = {f"{label}_queries": len(asked)}
         for name, at in (("ttft", 0), ("e2e", 3), ("tpot", 4)):
             values = [a[at] for a in asked if a[at] is not None]

@@ -1,17 +1,16 @@
-#!/usr/bin/env python3
 """Measure the scheduler and KV manager cost per step, without a model.
 
 Each step is ``schedule()`` plus ``update()`` with fake sampled tokens: the pure-Python
 bookkeeping the engine adds to every forward pass. Prints a markdown table of the mean
-and 95th percentile per step. Run: ``.venv/bin/python scripts/bench_scheduler.py``.
+and 95th percentile per step. Run: ``scripts/bench scheduler [--steps 300]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -23,6 +22,8 @@ from paged_llm.engine.scheduler import Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.utils import cdiv
 
+from . import argument_parser
+
 BLOCK = 16
 PROMPT = 128
 SYSTEM = 64  # leading prompt tokens shared by every request, like Assist's system prompt
@@ -32,6 +33,8 @@ LONG_PROMPT = 3000
 
 @dataclass(slots=True)
 class Case:
+    """One measured situation: how many sequences decode, and what else runs beside them."""
+
     name: str
     decoders: int
     long_prefill: bool
@@ -40,6 +43,8 @@ class Case:
 
 @dataclass(slots=True)
 class Result:
+    """One case's timed steps (milliseconds), mean tokens per step and preemptions."""
+
     case: Case
     times_ms: list[float]
     tokens_per_step: float
@@ -120,12 +125,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run every case and print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser("scheduler", __doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="timed steps per case")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cases = [
         Case("decode", 32, False),
         Case("decode", 128, False),
@@ -149,4 +154,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Where one decode step's time goes at 1, 8 and 32 sequences: kernels against the rest.
 
-``.venv/bin/python scripts/profile_step.py [--model PATH.gguf] [--weights auto]``: decodes
+``scripts/bench profile_step [--model PATH.gguf] [--weights auto]``: decodes
 64-token prompts and times 16 pure decode steps per batch size. On a model the engine's C
 forward runs (GGUF read in place on the CPU, engine/native_forward.py) the step's kernels
 are that one call: matrix products, attention, norms, rotary, activations. What is left is
@@ -11,12 +11,9 @@ forward is transformers' and counts as a whole. Run on a quiet machine.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
-from pathlib import Path
 from typing import Any
-
-from bench_machine import in_own_thread, step_until_decoding
 
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.llm_engine import LLMEngine
@@ -24,7 +21,8 @@ from paged_llm.engine.loader import load_model
 from paged_llm.engine.sequence import SamplingParams
 from paged_llm.kernels import cpu_forward
 
-ROOT = Path(__file__).resolve().parents[1]
+from . import ROOT, argument_parser
+from .machine import in_own_thread, step_until_decoding
 
 
 class KernelClock:
@@ -79,13 +77,13 @@ def profile(engine: LLMEngine, steps: int) -> None:
             engine.step()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Load the model and profile its decode steps, each phase on a thread of its own."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argument_parser("profile_step", __doc__)
     parser.add_argument("--model", default=None, help="a GGUF file (default: the bundled model)")
     parser.add_argument("--weights", default="auto")
     parser.add_argument("--steps", type=int, default=16)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     settings: dict[str, Any] = {"model": args.model} if args.model else {}
     config = EngineConfig(
         device="cpu",
@@ -100,4 +98,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Structured output with the bundled model: valid answers and speed, free against constrained.
 
 Three experiments in one run, all greedy, on the same engine:
@@ -9,12 +8,11 @@ Three experiments in one run, all greedy, on the same engine:
 3. Masking cost: 32 constrained sequences decoding together; the share of each step spent
    filling and applying grammar masks, and tokens/s against 32 free sequences.
 
-Run: ``.venv/bin/python scripts/bench_structured.py [--device cuda] [--out FILE.json]``.
+Run: ``scripts/bench structured [--device cuda] [--out FILE.json]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -26,25 +24,19 @@ import probatio
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import llm, selector
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# The integration's own parsers and prompts: imported from the checkout, whose root is on
+# the path under ``python -m benchmarks``.
+from custom_components.paged_llm.ai_task import parse_structured_output
+from custom_components.paged_llm.const import DEFAULT_MAX_TOKENS, STRUCTURE_FREQUENCY_PENALTY
+from custom_components.paged_llm.prompt import TOOL_PROMPT, format_tool, json_schema_instruction
+from custom_components.paged_llm.tool_calls import parse_tool_calls
+from paged_llm.engine.config import EngineConfig
+from paged_llm.engine.llm_engine import LLMEngine
+from paged_llm.engine.loader import DEFAULT_MODEL, load_model
+from paged_llm.engine.sequence import FinishReason, SamplingParams
+from paged_llm.engine.tool_grammar import tool_call_structural_tag
 
-from custom_components.paged_llm.ai_task import parse_structured_output  # noqa: E402
-from custom_components.paged_llm.const import (  # noqa: E402
-    DEFAULT_MAX_TOKENS,
-    STRUCTURE_FREQUENCY_PENALTY,
-)
-from custom_components.paged_llm.prompt import (  # noqa: E402
-    TOOL_PROMPT,
-    format_tool,
-    json_schema_instruction,
-)
-from custom_components.paged_llm.tool_calls import parse_tool_calls  # noqa: E402
-from paged_llm.engine.config import EngineConfig  # noqa: E402
-from paged_llm.engine.llm_engine import LLMEngine  # noqa: E402
-from paged_llm.engine.loader import DEFAULT_MODEL, load_model  # noqa: E402
-from paged_llm.engine.sequence import FinishReason, SamplingParams  # noqa: E402
-from paged_llm.engine.tool_grammar import tool_call_structural_tag  # noqa: E402
+from . import ROOT, argument_parser
 
 SYSTEM = "You are a Home Assistant expert and help users with their tasks."
 REQ, OPT = probatio.Required, probatio.Optional
@@ -182,6 +174,7 @@ class _Tool(llm.Tool):
         self.parameters = probatio.Schema(params)
 
     async def async_call(self, hass: Any, tool_input: Any, llm_context: Any) -> Any:
+        """Never called: only the tool's description is offered to the model."""
         raise NotImplementedError
 
 
@@ -372,8 +365,9 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    """Run the three experiments on one engine, print the summary, write --out if given."""
+    parser = argument_parser("structured", __doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     # The AI task agent's default answer length.
@@ -381,7 +375,7 @@ def main() -> None:
     parser.add_argument("--mask-batch", type=int, default=32)
     parser.add_argument("--mask-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     config = EngineConfig(
         model=DEFAULT_MODEL,
         device=args.device,
@@ -403,4 +397,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Decode step of the bundled model with the C decode attention against the torch path.
 
-``.venv/bin/python scripts/bench_cpu_attention.py [--rounds 2] [--steps 20]``: for each
+``scripts/bench cpu_attention [--rounds 2] [--steps 20]``: for each
 number of sequences and context length, prefills that many prompts, then times decode
 steps of ``LLMEngine`` with float32 decodes on the C kernel (kernels/cpu_attention.c) and
 on the torch path (blocks gathered, then SDPA), the two alternating round by round in one
@@ -10,12 +10,9 @@ milliseconds per step. Run it on a quiet machine.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-
-from bench_machine import in_own_thread, step_until_decoding
 
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.llm_engine import LLMEngine
@@ -23,7 +20,9 @@ from paged_llm.engine.loader import load_model
 from paged_llm.engine.sequence import SamplingParams
 from paged_llm.kernels import cpu_attention
 
-ROOT = Path(__file__).resolve().parents[1]
+from . import ROOT, argument_parser
+from .machine import in_own_thread, step_until_decoding
+
 # (sequences, context): one voice answer, long Assist prompts, summaries, a busy home.
 CASES = [(1, 64), (1, 512), (1, 1024), (1, 2048), (1, 3000), (4, 512), (4, 2048), (16, 400)]
 
@@ -44,15 +43,15 @@ def decode_ms(engine: LLMEngine, seqs: int, context: int, steps: int) -> float:
     return elapsed
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Print the table: both paths per case, best of the rounds."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argument_parser("cpu_attention", __doc__)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     reason = cpu_attention.unavailable()
     if reason is not None:
-        raise SystemExit(f"bench_cpu_attention: no C attention kernel here: {reason}")
+        raise SystemExit(f"benchmarks.cpu_attention: no C attention kernel here: {reason}")
     config = EngineConfig(
         model=DEFAULT_MODEL,
         device="cpu",
@@ -93,4 +92,4 @@ def run(config: EngineConfig, rounds: int, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark the paged-attention kernels on a CUDA device; prints Markdown tables.
 
 Decode: batch 1-256 x context 512-32k, one new token per sequence. Prefill: chunks of new
@@ -7,8 +6,8 @@ outputs written, over time), that as a share of the card's measured device-to-de
 bandwidth, and the speed relative to torch SDPA on the same K/V already gathered into
 contiguous tensors (the dense baseline paging has to compete with; >1 means paging is faster).
 
-    python scripts/bench_kernels.py                 # CUDA, Llama-3-8B-like heads, bf16
-    python scripts/bench_kernels.py --cpu-smoke     # tiny run on CPU to check the logic
+    python -m benchmarks kernels                 # CUDA, Llama-3-8B-like heads, bf16
+    python -m benchmarks kernels --cpu-smoke     # tiny run on CPU to check the logic
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ import torch.nn.functional as F
 
 from paged_llm.kernels import paged_attention, resolve_backend
 
+from . import argument_parser
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -40,6 +41,7 @@ class Shape:
 
     @property
     def element_size(self) -> int:
+        """Bytes of one value in the benchmarked dtype."""
         return torch.empty((), dtype=self.dtype).element_size()
 
 
@@ -59,6 +61,7 @@ class Timer:
         self.device, self.rep_ms = device, rep_ms
 
     def __call__(self, fn: Callable[[], object]) -> float:
+        """Median milliseconds of ``fn``."""
         if self.device.type == "cuda":
             from triton.testing import do_bench
 
@@ -295,7 +298,8 @@ SMOKE_DEFAULTS = {
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The options, with the CUDA or smoke-run defaults filled in where none was given."""
+    parser = argument_parser("kernels", __doc__.split("\n\n")[0])
     parser.add_argument(
         "--cpu-smoke",
         action="store_true",
@@ -331,6 +335,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Print the decode and prefill tables; 2 when there is no CUDA device and no --cpu-smoke."""
     args = parse_args(argv)
     if args.cpu_smoke:
         device = torch.device("cpu")
@@ -338,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = torch.device("cuda")
     else:
         message = "needs a CUDA device (none found); --cpu-smoke checks the logic on the CPU"
-        print(f"bench_kernels: {message}", file=sys.stderr)
+        print(f"benchmarks.kernels: {message}", file=sys.stderr)
         return 2
     shape = Shape(args.heads, args.kv_heads, args.head_dim, args.block_size, DTYPES[args.dtype])
     timer = Timer(device, args.rep_ms)

@@ -8,13 +8,13 @@ cycle over copies of each weight, at least --spread MB of them, so that weights 
 memory as a model's layers do, not from the last-level cache. On a machine others share,
 --cpu-time runs one thread and times it by its CPU time, which waiting does not inflate.
 
-    .venv/bin/python scripts/bench_gguf_kernels.py [--rows 1,8,32] [--types Q4_0,Q6_K]
+    scripts/bench gguf_kernels [--rows 1,8,32] [--types Q4_0,Q6_K]
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -24,6 +24,8 @@ import torch.nn.functional as F
 
 from paged_llm.kernels import cpu_quant
 from paged_llm.kernels import gguf_kernels as gk
+
+from . import argument_parser
 
 SHAPES = [(8192, 2048), (2048, 8192)]  # (n outputs, k inputs)
 TYPES = ["Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "F16"]
@@ -102,14 +104,15 @@ def old_q4(n: int, k: int) -> cpu_quant.Packed:
     return cpu_quant.Packed(cpu_quant.pack_q4(codes), scale.contiguous(), zero.contiguous())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    """Print a table per matrix shape: each weight type, then the dense and old baselines."""
+    parser = argument_parser("gguf_kernels", __doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     parser.add_argument("--types", default=",".join(TYPES))
     parser.add_argument("--budget", type=float, default=0.3, help="seconds per cell")
     parser.add_argument("--spread", type=int, default=256, help="MB of weight copies per row")
     parser.add_argument("--cpu-time", action="store_true", help="one thread, its CPU time")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.cpu_time:  # torch's thread count is OpenMP's, which the kernels share
         global CLOCK
         CLOCK = time.thread_time
@@ -143,4 +146,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """paged-llm beside llama.cpp's llama-server on the same GGUF files, 2 threads each.
 
-For every (shape, format) file from ``gguf_models.py`` (random weights of real shapes:
+For every (shape, format) file from ``benchmarks.gguf_models`` (random weights of real shapes:
 speed and memory depend on shapes and formats, not on weights) both servers run one after
 the other, each a fresh process, and each is measured the same way:
 
@@ -8,7 +8,7 @@ the other, each a fresh process, and each is measured the same way:
   (paged-llm's cache folder, a fresh temporary one per run, so the model's first load;
   its C kernels built once beforehand, as llama-server is; llama.cpp writes none);
 - decode tokens/s of one request, and of 32 requests at once (as
-  ``bench_llama_cpp.decode_rate`` counts: the tokens after each first token, from the
+  ``benchmarks.llama_cpp.decode_rate`` counts: the tokens after each first token, from the
   moment the last request had its first token), greedy and ignoring EOS;
 - time to first token after a 60-token and after a 1,500-token prompt, every prompt
   fresh (its first token differs from every other, so no cached prefix helps);
@@ -22,13 +22,11 @@ the other, each a fresh process, and each is measured the same way:
 Prints a markdown table per file with ours / llama.cpp ratios, writes
 ``bench_results/gguf-<timestamp>.json`` and the plots ``docs/img/gguf_decode.png`` and
 ``docs/img/gguf_ttft.png``. Usage:
-``.venv/bin/python scripts/bench_gguf.py [--shapes 360m,1.7b,qwen1.5b]
-[--formats Q4_0,Q4_K_M,Q8_0] [--quick]``.
+``scripts/bench gguf [--shapes 360m,1.7b,qwen1.5b] [--formats Q4_0,Q4_K_M,Q8_0] [--quick]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import functools
@@ -50,15 +48,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench_llama_cpp import (
-    LlamaServer,
-    _free_port,
-    _peak_rss,
-    build_server,
-    skip_reason,
-    stream_completion,
-)
-from gguf_models import (
+from . import ROOT, argument_parser
+from .gguf_models import (
     BUNDLED_SHAPE,
     FORMATS,
     SHAPES,
@@ -67,8 +58,15 @@ from gguf_models import (
     parse_list,
     shape_of,
 )
+from .llama_cpp import (
+    LlamaServer,
+    _free_port,
+    _peak_rss,
+    build_server,
+    skip_reason,
+    stream_completion,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGED_LLM = ROOT / ".venv" / "bin" / "paged-llm"
 # The engine's C kernels, built once per bench run and shared by every fresh cache folder:
 # llama-server is built ahead of time too, and the engine compiles them once per machine,
@@ -356,7 +354,7 @@ async def measure(
 
 def quiet(label: str) -> dict[str, Any]:
     """The machine's quiet check, with a warning line when others use the CPU."""
-    from bench_machine import quiet_check
+    from .machine import quiet_check
 
     check = quiet_check()
     if not check["quiet"]:
@@ -463,7 +461,7 @@ def run_paged(
 
 
 def ratio(ours: float | None, theirs: float | None) -> float | None:
-    """ours / llama.cpp, or None where either is missing or llama.cpp's is zero."""
+    """Our figure over llama.cpp's, or None where either is missing or llama.cpp's is zero."""
     if ours is None or theirs is None or theirs == 0:
         return None
     return ours / theirs
@@ -557,7 +555,7 @@ def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     import platform
 
-    from bench_machine import cpu_name
+    from .machine import cpu_name
 
     return {
         "cpu": cpu_name(),
@@ -567,9 +565,9 @@ def machine() -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Command line: make the files that are missing, run both systems on each, report."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argument_parser("gguf", __doc__)
     parser.add_argument("--shapes", default=None, help="comma-separated, default all")
     parser.add_argument("--formats", default=None, help="comma-separated, default all")
     parser.add_argument("--quick", action="store_true", help="32 tokens, 360m Q4_0 only")
@@ -581,7 +579,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench_results")
     parser.add_argument("--img", type=Path, default=ROOT / "docs" / "img")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     plan = QUICK if args.quick else Plan()
     if args.tokens is not None:
         plan = dataclasses.replace(plan, tokens=args.tokens)
@@ -642,4 +640,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
