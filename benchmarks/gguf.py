@@ -34,13 +34,11 @@ import json
 import os
 import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
@@ -58,14 +56,8 @@ from .gguf_models import (
     parse_list,
     shape_of,
 )
-from .llama_cpp import (
-    LlamaServer,
-    _free_port,
-    _peak_rss,
-    build_server,
-    skip_reason,
-    stream_completion,
-)
+from .llama_cpp import LlamaServer, build_server, skip_reason, stream_completion
+from .process import ServerProcess, free_port
 
 PAGED_LLM = ROOT / ".venv" / "bin" / "paged-llm"
 # The engine's C kernels, built once per bench run and shared by every fresh cache folder:
@@ -132,30 +124,6 @@ class Prompts:
         return [first, *(self.rng.randrange(1000, 49000) for _ in range(length - 1))]
 
 
-def wait_healthy(process: subprocess.Popen[bytes], url: str, timeout: float) -> None:
-    """Poll ``/health`` every 50 ms until it answers 200 (503 means still loading).
-
-    paged-llm keeps serving after its engine failed to start, answering 503 with status
-    "failed": that ends the wait at once.
-    """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with status {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
-                if reply.status == 200:
-                    return
-        except urllib.error.HTTPError as err:
-            body = err.read().decode(errors="replace")
-            if '"failed"' in body:
-                raise RuntimeError(f"the server failed to load: {body[:1000]}") from None
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"the server was not healthy within {timeout:.0f} s")
-
-
 def written_bytes(pid: int) -> int:
     """Bytes a process has caused to be written to storage (/proc/PID/io), 0 if unknown."""
     try:
@@ -173,25 +141,6 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-class TimedLlamaServer(LlamaServer):
-    """LlamaServer whose start is timed to the first /health 200 at 50 ms resolution."""
-
-    load_s: float = 0.0
-
-    def __enter__(self) -> TimedLlamaServer:
-        """Start the process and wait until it serves, timing it."""
-        started = time.monotonic()
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=self.log)
-        try:
-            wait_healthy(self.process, self.url, 600)
-        except RuntimeError as err:
-            tail = self.log_tail()  # read before __exit__ closes the log
-            self.__exit__(None, None, None)
-            raise RuntimeError(f"llama-server: {err}: {tail}") from err
-        self.load_s = time.monotonic() - started
-        return self
-
-
 def serve_flags() -> str:
     """``paged-llm serve --help``: which flags this checkout's server has (no torch import)."""
     return subprocess.run(
@@ -199,7 +148,7 @@ def serve_flags() -> str:
     ).stdout
 
 
-class PagedServer:
+class PagedServer(ServerProcess):
     """``paged-llm serve`` on one GGUF file: 2 threads, a fresh cache folder, INFO log."""
 
     def __init__(self, gguf: Path, shape: Shape, plan: Plan, cache_dir: Path, log: Path) -> None:
@@ -211,71 +160,31 @@ class PagedServer:
         self.kv_bytes = plan.kv_tokens * shape.kv_bytes_per_token(
             2 if self.kv_dtype == "float16" else 4
         )
-        self.port = _free_port()
-        self.command = [
+        port = free_port()
+        command = [
             str(PAGED_LLM), "serve", str(gguf), "--device", "cpu", "--weights", "auto",
             "--kv-budget", str(self.kv_bytes), "--max-model-len", str(plan.kv_tokens),
             "--max-num-seqs", str(plan.batch), "--cache-dir", str(cache_dir),
-            "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "INFO",
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "INFO",
         ]  # fmt: skip
         if "--kv-cache-dtype" in flags:
-            self.command += ["--kv-cache-dtype", self.kv_dtype]
+            command += ["--kv-cache-dtype", self.kv_dtype]
         if "--threads" in flags:
-            self.command += ["--threads", str(plan.threads)]
+            command += ["--threads", str(plan.threads)]
         threads = str(plan.threads)
         # torch reads these at start; the machine has 2 cores, llama.cpp gets -t 2 -tb 2.
-        self.env = {
+        env = {
             **os.environ,
             "OMP_NUM_THREADS": threads,
             "MKL_NUM_THREADS": threads,
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
         }
+        # A checkout that converts GGUF files at first load takes minutes: allow 30.
+        super().__init__(
+            "paged-llm serve", command, port, env=env, log_path=log, timeout=1800, stop_seconds=60
+        )
         self.cache_dir = cache_dir
-        self.log_path = log
-        self.process: subprocess.Popen[bytes] | None = None
-        self.load_s = 0.0
-
-    @property
-    def url(self) -> str:
-        """Base URL of the running server."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def peak_rss(self) -> int:
-        """The server's peak resident memory so far."""
-        return _peak_rss(self.process.pid) if self.process else 0
-
-    def log_text(self) -> str:
-        """The server's log so far."""
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def __enter__(self) -> PagedServer:
-        """Start the server and time it to /health 200 (it answers 503 while loading)."""
-        started = time.monotonic()
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env
-            )
-        try:
-            # A checkout that converts GGUF files at first load takes minutes: allow 30.
-            wait_healthy(self.process, self.url, 1800)
-        except RuntimeError as err:
-            self.__exit__(type(err), err, None)
-            raise RuntimeError(f"paged-llm serve: {err}: {self.log_text()[-2000:]}") from err
-        self.load_s = time.monotonic() - started
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """SIGTERM (no request is running, so it stops at once), then kill after 60 s."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                print("paged-llm serve ignored SIGTERM for 60 s: killed", file=sys.stderr)
-                self.process.kill()
-                self.process.wait()
 
 
 async def paged_completion(
@@ -400,7 +309,7 @@ def run_llama(
         "dtype": "f16",
         "bytes": plan.kv_tokens * shape.kv_bytes_per_token(LLAMA_KV_BYTES),
     }
-    with TimedLlamaServer(binary, gguf, plan.kv_tokens, plan.batch, plan.threads) as server:
+    with LlamaServer(binary, gguf, plan.kv_tokens, plan.batch, plan.threads) as server:
         assert server.process is not None
         result["disk_bytes"] = 0  # it maps the file and writes nothing
         result["written_bytes_proc"] = written_bytes(server.process.pid)

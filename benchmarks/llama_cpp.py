@@ -12,16 +12,15 @@ import asyncio
 import importlib.util
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from . import ROOT, argument_parser
+from .process import ServerProcess, free_port
 
 CACHE = ROOT / ".cache" / "llama.cpp"
 SDIST = "llama-cpp-python"
@@ -116,26 +115,7 @@ def build_server(jobs: int = 2, log: object = print) -> Path | None:
     return binary if binary.exists() else None
 
 
-def _free_port() -> int:
-    """A TCP port nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _peak_rss(pid: int) -> int:
-    """A process's peak resident memory (VmHWM) in bytes, 0 when it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-class LlamaServer:
+class LlamaServer(ServerProcess):
     """A llama-server process on one GGUF file: 2 threads, ``slots`` at once.
 
     ``unified``: the slots share one KV cache of ``kv_tokens`` (a request that finds it full
@@ -153,66 +133,14 @@ class LlamaServer:
         unified: bool = True,
     ) -> None:
         """Remember how to start it; :meth:`__enter__` starts it and waits until it serves."""
-        self.port = _free_port()
-        self.command = [
+        port = free_port()
+        command = [
             str(binary), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
             "-c", str(kv_tokens), "-np", str(slots), "-cb",
-            "--host", "127.0.0.1", "--port", str(self.port), "--no-webui",
+            "--host", "127.0.0.1", "--port", str(port), "--no-webui",
         ]  # fmt: skip
-        self.command.append("--kv-unified" if unified else "--no-kv-unified")
-        self.process: subprocess.Popen[bytes] | None = None
-        # Its log goes to a file: a pipe nobody reads fills up (64 KiB) and stalls it.
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in __exit__)
-
-    def __enter__(self) -> LlamaServer:
-        """Start the server and wait for /health (loading takes a few seconds)."""
-        import urllib.request
-
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=self.log)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"llama-server exited ({self.process.returncode}): {self.log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError("llama-server did not become healthy within 120 s")
-
-    def __exit__(self, *exc: object) -> None:
-        """Stop the server; a failure inside shows the end of its log."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                # Seen once: a server that ignored SIGTERM after its last request.
-                print("llama-server ignored SIGTERM for 30 s: killed", file=sys.stderr)
-                self.process.kill()
-                self.process.wait()
-        if exc[0] is not None:
-            print(f"llama-server log, last lines:\n{self.log_tail()}", file=sys.stderr)
-        self.log.close()
-
-    def log_tail(self, size: int = 2000) -> str:
-        """The last ``size`` bytes of the server's log."""
-        self.log.seek(0, 2)
-        self.log.seek(max(0, self.log.tell() - size))
-        return self.log.read().decode(errors="replace")
-
-    @property
-    def url(self) -> str:
-        """Base URL of the running server."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def peak_rss(self) -> int:
-        """The server's peak resident memory so far."""
-        return _peak_rss(self.process.pid) if self.process else 0
+        command.append("--kv-unified" if unified else "--no-kv-unified")
+        super().__init__("llama-server", command, port)
 
 
 async def stream_completion(

@@ -18,6 +18,8 @@ from paged_llm.engine.gguf_model import GGUFLinear
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import LoadedModel
 
+from .process import stop_all
+
 
 def in_own_thread[T](fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn`` in a thread that ends with it, so the torch threads it used go too.
@@ -28,7 +30,14 @@ def in_own_thread[T](fn: Callable[..., T], *args: Any) -> T:
     thread therefore never runs torch ops itself: each phase gets a thread that exits.
     """
     with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(fn, *args).result()
+        future = pool.submit(fn, *args)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            # Ctrl-C lands here, not in the phase's thread: stop the servers it started
+            # (the llama.cpp peer, paged-llm serve), whose requests then fail and end it.
+            stop_all()
+            raise
 
 
 def step_until_decoding(engine: LLMEngine) -> None:

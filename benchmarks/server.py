@@ -10,18 +10,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from paged_llm.engine.config import DEFAULT_MODEL, KVLayout
 from paged_llm.engine.loader import LoadedModel
 
+from .process import ServerProcess, free_port
 from .runners import CLASSES, RequestResult, SystemRun, engine_config, run_engine
 from .workload import HomeRequest
 
@@ -29,31 +26,19 @@ BATCH = 32
 BATCH_TOKENS = 64
 
 
-def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``paged-llm serve`` with the engine settings of the in-process runs."""
+def paged_server(args: argparse.Namespace, log: Path) -> ServerProcess:
+    """``paged-llm serve`` with the engine settings of the in-process runs, not yet started."""
     config = engine_config(args, KVLayout.PAGED)
+    port = free_port()
     command = [
         sys.executable, "-m", "paged_llm", "serve", DEFAULT_MODEL,
         "--device", "cpu", "--dtype", args.dtype, "--kv-budget", str(int(config.kv_budget)),
         "--block-size", str(config.block_size), "--max-num-seqs", str(config.max_num_seqs),
         "--max-num-batched-tokens", str(config.max_num_batched_tokens),
         "--max-model-len", str(config.max_model_len), "--cache-dir", str(config.cache_dir),
-        "--port", "0", "--log-level", "WARNING",
+        "--port", str(port), "--log-level", "WARNING",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"paged-llm serve exited:\n{log.read_text()}")
-        if found := re.search(r"listening on (http://\S+)", log.read_text()):
-            try:
-                with urllib.request.urlopen(f"{found.group(1)}/health", timeout=5):
-                    return process, found.group(1)
-            except OSError:
-                pass
-        time.sleep(0.5)
-    process.kill()
-    raise RuntimeError("paged-llm serve did not become ready in 10 minutes")
+    return ServerProcess("paged-llm serve", command, port, log_path=log, stop_seconds=120)
 
 
 async def _drive_http(url: str, workload: list[HomeRequest]) -> SystemRun:
@@ -140,13 +125,9 @@ def server_experiment(
     batch = _batch(workload)
     local_batch = run_engine(loaded, config, batch, "in-process, 32 at once")
     local_mix = run_engine(loaded, config, workload, "in-process, home mix")
-    process, url = start_server(args, out / "server.log")
-    try:
-        http_batch = asyncio.run(_drive_http(url, batch))
-        http_mix = asyncio.run(_drive_http(url, workload))
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(120)
+    with paged_server(args, out / "server.log") as server:
+        http_batch = asyncio.run(_drive_http(server.url, batch))
+        http_mix = asyncio.run(_drive_http(server.url, workload))
     return {"batch32": _compare(local_batch, http_batch), "home_mix": _compare(local_mix, http_mix)}
 
 
