@@ -427,11 +427,9 @@ def table(entry: dict[str, Any]) -> str:
 
 def plot(entries: list[dict[str, Any]], img: Path) -> list[Path]:
     """Bar charts: decode tok/s (1 and 32 at once) and TTFT (60 and 1,500 tokens) per file."""
-    import matplotlib
+    from .report import pyplot  # here: the report's module imports torch, as this one need not
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     img.mkdir(parents=True, exist_ok=True)
     labels = [f"{e['shape_name']}\n{e['format']}" for e in entries]
     written = []

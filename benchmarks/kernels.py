@@ -210,62 +210,74 @@ def run_case(
     return result
 
 
-def decode_table(
-    shape: Shape,
-    cases: Sequence[Case],
-    device: torch.device,
-    timer: Timer,
-    backend: str,
-    copy_gbs: float,
-) -> list[str]:
+@dataclass(frozen=True)
+class Sweep:
+    """What every case of one run shares: the heads, the device and its timer, the backend."""
+
+    shape: Shape
+    device: torch.device
+    timer: Timer
+    backend: str
+    copy_gbs: float
+
+    def rows(
+        self,
+        header: list[str],
+        cases: Sequence[Case],
+        label: Callable[[Case], str],
+        cells: Callable[[Case, dict[str, float]], str],
+    ) -> list[str]:
+        """Markdown lines: ``header``, then each case's ``label`` and its timed ``cells``."""
+        lines = list(header)
+        for case in cases:
+            if not fits(self.shape, case, self.device):
+                lines.append(f"| {label(case)} | skipped: not enough device memory |")
+                continue
+            r = run_case(self.shape, case, self.device, self.timer, self.backend)
+            lines.append(f"| {label(case)} | {cells(case, r)} |")
+        return lines
+
+    def share(self, gbs: float) -> str:
+        """``gbs`` as a percentage of the measured copy bandwidth."""
+        return f"{100 * gbs / self.copy_gbs:.0f}%"
+
+
+def decode_table(sweep: Sweep, cases: Sequence[Case]) -> list[str]:
     """Markdown rows for the decode sweep."""
-    lines = [
+
+    def cells(case: Case, r: dict[str, float]) -> str:
+        gbs = traffic_bytes(sweep.shape, case) / (r["paged_ms"] * 1e-3) / 1e9
+        single = "" if math.isnan(r["single_ms"]) else f"{r['single_ms']:.3f}"
+        return (
+            f"{int(r['splits'])} | {r['paged_ms']:.3f} | {gbs:.0f} | {sweep.share(gbs)} | "
+            f"{r['sdpa_ms']:.3f} | {r['sdpa_ms'] / r['paged_ms']:.2f} | {single}"
+        )
+
+    header = [
         "| batch | context | splits | paged ms | GB/s | % of copy BW | SDPA ms | vs SDPA (x) "
         "| 1-pass ms |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for case in cases:
-        if not fits(shape, case, device):
-            lines.append(f"| {case.batch} | {case.ctx} | skipped: not enough device memory |")
-            continue
-        r = run_case(shape, case, device, timer, backend)
-        gbs = traffic_bytes(shape, case) / (r["paged_ms"] * 1e-3) / 1e9
-        single = "" if math.isnan(r["single_ms"]) else f"{r['single_ms']:.3f}"
-        lines.append(
-            f"| {case.batch} | {case.ctx} | {int(r['splits'])} | {r['paged_ms']:.3f} | "
-            f"{gbs:.0f} | {100 * gbs / copy_gbs:.0f}% | {r['sdpa_ms']:.3f} | "
-            f"{r['sdpa_ms'] / r['paged_ms']:.2f} | {single} |"
-        )
-    return lines
+    return sweep.rows(header, cases, lambda case: f"{case.batch} | {case.ctx}", cells)
 
 
-def prefill_table(
-    shape: Shape,
-    cases: Sequence[Case],
-    device: torch.device,
-    timer: Timer,
-    backend: str,
-    copy_gbs: float,
-) -> list[str]:
+def prefill_table(sweep: Sweep, cases: Sequence[Case]) -> list[str]:
     """Markdown rows for the prefill-chunk cases."""
-    lines = [
+
+    def cells(case: Case, r: dict[str, float]) -> str:
+        seconds = r["paged_ms"] * 1e-3
+        gbs = traffic_bytes(sweep.shape, case) / seconds / 1e9
+        tflops = attention_flops(sweep.shape, case) / seconds / 1e12
+        return (
+            f"{r['paged_ms']:.3f} | {tflops:.1f} | {gbs:.0f} | {sweep.share(gbs)} | "
+            f"{r['sdpa_ms']:.3f} | {r['sdpa_ms'] / r['paged_ms']:.2f}"
+        )
+
+    header = [
         "| chunk | context | paged ms | TFLOP/s | GB/s | % of copy BW | SDPA ms | vs SDPA (x) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for case in cases:
-        if not fits(shape, case, device):
-            lines.append(f"| {case.q_len} | {case.ctx} | skipped: not enough device memory |")
-            continue
-        r = run_case(shape, case, device, timer, backend)
-        seconds = r["paged_ms"] * 1e-3
-        gbs = traffic_bytes(shape, case) / seconds / 1e9
-        lines.append(
-            f"| {case.q_len} | {case.ctx} | {r['paged_ms']:.3f} | "
-            f"{attention_flops(shape, case) / seconds / 1e12:.1f} | {gbs:.0f} | "
-            f"{100 * gbs / copy_gbs:.0f}% | {r['sdpa_ms']:.3f} | "
-            f"{r['sdpa_ms'] / r['paged_ms']:.2f} |"
-        )
-    return lines
+    return sweep.rows(header, cases, lambda case: f"{case.q_len} | {case.ctx}", cells)
 
 
 def fits(shape: Shape, case: Case, device: torch.device) -> bool:
@@ -357,10 +369,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     decode = [Case(b, 1, c) for c in args.contexts for b in args.batches]
     print("## Decode (one new token per sequence)\n")
-    print("\n".join(decode_table(shape, decode, device, timer, args.backend, copy_gbs)))
+    sweep = Sweep(shape, device, timer, args.backend, copy_gbs)
+    print("\n".join(decode_table(sweep, decode)))
     prefill = [Case(1, chunk, ctx) for chunk, ctx in args.prefill]
     print("\n## Prefill chunk (one sequence)\n")
-    print("\n".join(prefill_table(shape, prefill, device, timer, args.backend, copy_gbs)))
+    print("\n".join(prefill_table(sweep, prefill)))
     return 0
 
 

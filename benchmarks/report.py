@@ -1,8 +1,12 @@
-"""The benchmark's report: markdown tables and PNG plots from one run's results."""
+"""The home benchmark's report: markdown tables and PNG plots from one run's results.
+
+:func:`pyplot` serves every benchmark that draws (the GGUF comparison too).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from .runners import CLASSES, VOICE_CONTEXT, RequestResult, SystemRun
@@ -18,13 +22,19 @@ def span(m: dict[str, float | None], metric: str, scale: float = 1.0, digits: in
     return f"{fmt(m[f'{metric}_p50'], scale, digits)} / {fmt(m[f'{metric}_p95'], scale, digits)}"
 
 
-def write_plots(runs: list[SystemRun], out: Path) -> list[str]:
-    """PNG plots: running sequences and KV blocks over time, TTFT by class, throughput."""
+def pyplot() -> ModuleType:
+    """Matplotlib's pyplot drawing to files only (no display here), imported when first plotted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def write_plots(runs: list[SystemRun], out: Path) -> list[str]:
+    """PNG plots: running sequences and KV blocks over time, TTFT by class, throughput."""
+    plt = pyplot()
     names = []
     engine_runs = [r for r in runs if r.trace]
     fig, axes = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
