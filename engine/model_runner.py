@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from transformers import AttentionInterface
 
-from paged_llm.kernels import paged_attention, resolve_backend, store_kv
+from paged_llm.kernels import PagedAttentionInputs, paged_attention, resolve_backend, store_kv
 
 from .config import KV_CACHE_DTYPES, EngineConfig
 from .loader import LoadedModel
@@ -25,20 +25,18 @@ ATTENTION_NAME = "paged_llm"
 _METADATA_KWARG = "paged_llm_metadata"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class AttentionMetadata:
-    """What every attention layer needs for one packed step."""
+    """What every attention layer needs for one packed step: the kernels' inputs and the pool.
+
+    ``inputs`` (block tables, lengths, the step's plan cache) is what paged_attention takes;
+    the slot mapping (only store_kv reads it), the pool and the backend are the runner's.
+    """
 
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     slot_mapping: torch.Tensor
-    block_tables: torch.Tensor
-    context_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-    max_query_len: int
-    max_context_len: int
+    inputs: PagedAttentionInputs
     backend: str | None
-    # The torch attention's per-step plans, worked out by the first layer (see kernels).
-    plans: dict[object, object] = field(default_factory=dict)
 
 
 def paged_attention_forward(
@@ -58,11 +56,18 @@ def paged_attention_forward(
     """
     meta: AttentionMetadata = kwargs[_METADATA_KWARG]
     key_cache, value_cache = meta.kv_caches[module.layer_idx]  # type: ignore[index]
+    inputs = meta.inputs
     q = query[0].transpose(0, 1)
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
     store_kv(
-        k, v, key_cache, value_cache, meta.slot_mapping, backend=meta.backend, plan_cache=meta.plans
+        k,
+        v,
+        key_cache,
+        value_cache,
+        meta.slot_mapping,
+        backend=meta.backend,
+        plan_cache=inputs.plan_cache,
     )
     scale = float(scaling) if scaling is not None else q.shape[-1] ** -0.5
     # transformers passes a layer's window (None on full-attention layers, from
@@ -73,16 +78,11 @@ def paged_attention_forward(
         q,
         key_cache,
         value_cache,
-        meta.block_tables,
-        meta.context_lens,
-        meta.query_start_loc,
+        inputs,
         scale,
-        max_query_len=meta.max_query_len,
-        max_context_len=meta.max_context_len,
-        backend=meta.backend,
         sliding_window=int(window) if window is not None else None,
         softcap=float(softcap) if softcap is not None else None,
-        plan_cache=meta.plans,
+        backend=meta.backend,
     )
     return out.unsqueeze(0), None
 
@@ -256,14 +256,19 @@ class ModelRunner:
                     torch.from_numpy(keep),
                 )
             else:
-                meta = AttentionMetadata(
-                    kv_caches=self.kv_caches,
-                    slot_mapping=torch.from_numpy(slots).to(dev),
+                inputs = PagedAttentionInputs(
                     block_tables=torch.from_numpy(tables.astype(np.int32)).to(dev),
                     context_lens=torch.from_numpy(ends.astype(np.int32)).to(dev),
                     query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
                     max_query_len=int(lens.max()),
                     max_context_len=int(ends.max()),
+                    # The torch path's plans, worked out by the first layer for all of them.
+                    plan_cache={},
+                )
+                meta = AttentionMetadata(
+                    kv_caches=self.kv_caches,
+                    slot_mapping=torch.from_numpy(slots).to(dev),
+                    inputs=inputs,
                     # Resolved once here rather than in each of the layers' two kernel calls.
                     backend=resolve_backend(dev, self.backend),
                 )

@@ -1,8 +1,10 @@
 """Paged-KV kernels: store new K/V into the block pool and attend over it (Triton or torch).
 
-Dispatch lives in dispatch.py: CUDA tensors use Triton, CPU tensors the torch reference,
-unless a backend is forced per call (`backend=`), process-wide (`set_backend`,
-`use_backend`) or through $PAGED_LLM_ATTENTION_BACKEND. Triton is imported only when used.
+A step's attention metadata travels as one PagedAttentionInputs (inputs.py), built once per
+step and handed to every layer's paged_attention call. Dispatch lives in dispatch.py: CUDA
+tensors use Triton, CPU tensors the torch reference, unless a backend is forced per call
+(`backend=`), process-wide (`set_backend`, `use_backend`) or through
+$PAGED_LLM_ATTENTION_BACKEND. Triton is imported only when used.
 """
 
 from paged_llm.protocol.requirements import require_engine_extra
@@ -19,11 +21,13 @@ from paged_llm.kernels.dispatch import (  # noqa: E402
     store_kv,
     use_backend,
 )
+from paged_llm.kernels.inputs import PagedAttentionInputs  # noqa: E402
 from paged_llm.kernels.triton_support import triton_import_error  # noqa: E402
 
 __all__ = [
     "BACKENDS",
     "BACKEND_ENV_VAR",
+    "PagedAttentionInputs",
     "get_backend",
     "paged_attention",
     "resolve_backend",

@@ -8,39 +8,17 @@ import logging
 import os
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Literal, Protocol
+from typing import Literal
 
 import torch
 
 from paged_llm.kernels import reference
 from paged_llm.kernels.checks import check_attention_args, check_score_args, check_store_args
+from paged_llm.kernels.inputs import AttentionFn, PagedAttentionInputs, PlanCache
 from paged_llm.kernels.triton_support import triton_import_error
 
 BACKENDS = ("auto", "torch", "triton")
 BACKEND_ENV_VAR = "PAGED_LLM_ATTENTION_BACKEND"
-
-
-class AttentionFn(Protocol):
-    """The paged_attention signature every backend implements."""
-
-    def __call__(
-        self,
-        query: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        query_start_loc: torch.Tensor,
-        scale: float,
-        *,
-        max_query_len: int,
-        max_context_len: int,
-        out: torch.Tensor | None = None,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-    ) -> torch.Tensor:
-        """Attend; see dispatch.paged_attention."""
-        ...
 
 
 _LOGGER = logging.getLogger(__name__)
@@ -95,7 +73,7 @@ def store_kv(
     slot_mapping: torch.Tensor,
     *,
     backend: str | None = None,
-    plan_cache: reference.PlanCache | None = None,
+    plan_cache: PlanCache | None = None,
 ) -> None:
     """Write each new token's K/V [num_tokens, kv_heads, dim] into its slot; -1 slots skip.
 
@@ -114,48 +92,45 @@ def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    inputs: PagedAttentionInputs,
     scale: float,
     *,
-    max_query_len: int,
-    max_context_len: int,
     out: torch.Tensor | None = None,
-    backend: str | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
-    plan_cache: reference.PlanCache | None = None,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of a packed step's queries over their sequences' paged K/V.
 
+    ``inputs``: the step's metadata, one object for all its layers (inputs.py).
     ``sliding_window`` (a layer's window, as transformers passes it) limits each query to
     keys less than that many positions back; ``softcap`` caps scaled scores through tanh.
-    ``plan_cache``: shared by one step's layers; the torch path plans its decode once.
     """
     name = resolve_backend(query.device, backend)
     key_check, value_check = _caches_to_check(query, key_cache, value_cache, name)
     check_attention_args(
-        query, key_check, value_check, block_tables, context_lens, query_start_loc, out
+        query,
+        key_check,
+        value_check,
+        inputs.block_tables,
+        inputs.context_lens,
+        inputs.query_start_loc,
+        out,
     )
     check_score_args(sliding_window, softcap)
+    # Annotated with the Protocol, so mypy holds both backends to the one signature.
     run: AttentionFn
     if name == "triton":
         _, triton_attention = _triton_modules(query.device)
         run = triton_attention.paged_attention
     else:
-        # Only the torch path plans on the host; Triton reads the tables on the device.
-        run = functools.partial(reference.paged_attention, plan_cache=plan_cache)
+        run = reference.paged_attention
     return run(
         query,
         key_cache,
         value_cache,
-        block_tables,
-        context_lens,
-        query_start_loc,
+        inputs,
         scale,
-        max_query_len=max_query_len,
-        max_context_len=max_context_len,
         out=out,
         sliding_window=sliding_window,
         softcap=softcap,

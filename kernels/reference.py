@@ -24,14 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from paged_llm.kernels import cpu_attention
+from paged_llm.kernels.inputs import PagedAttentionInputs, PlanCache
 
 # Bytes of gathered keys per decode chunk: 2-4 MiB measured fastest on a 2-core Zen 4 VM.
 DECODE_CHUNK_BYTES = 2 << 20
-
-
-# What one step's layers share (the same block tables and lengths in every layer), worked
-# out by the first layer and reused by the others: a dict the caller makes for each step.
-PlanCache = dict[object, object]
 
 
 def store_kv(
@@ -80,30 +76,26 @@ def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    inputs: PagedAttentionInputs,
     scale: float,
     *,
-    max_query_len: int,
-    max_context_len: int,
     out: torch.Tensor | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
-    plan_cache: PlanCache | None = None,
 ) -> torch.Tensor:
     """Attend each packed query over its own sequence's paged K/V, causally, with GQA.
 
     ``sliding_window`` limits each query to the last that many positions (itself included);
-    ``softcap`` caps the scaled scores at +-softcap through tanh. ``plan_cache``: a dict
-    shared by the layers of one step, so the decode plan is worked out once per step.
+    ``softcap`` caps the scaled scores at +-softcap through tanh. ``inputs.plan_cache``,
+    shared by the layers of one step, has the decode plan worked out once per step. The
+    exact per-sequence lengths are read on the host, so inputs' maxima go unused here.
     """
-    del max_query_len, max_context_len  # exact per-sequence lengths are read on the host
     if out is None:
         out = torch.empty_like(query)
+    plan_cache, block_tables = inputs.plan_cache, inputs.block_tables
     layout = plan_cache.get("layout") if plan_cache is not None else None
     if layout is None:
-        layout = _Layout.of(query_start_loc, context_lens)
+        layout = _Layout.of(inputs.query_start_loc, inputs.context_lens)
         if plan_cache is not None:
             plan_cache["layout"] = layout
     assert isinstance(layout, _Layout)

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from paged_llm.kernels.inputs import AttentionFn, PagedAttentionInputs
 from paged_llm.kernels.triton_config import choose_num_splits, tile_shape
 from paged_llm.kernels.triton_support import is_interpreted, next_power_of_2
 
@@ -213,13 +214,9 @@ def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    inputs: PagedAttentionInputs,
     scale: float,
     *,
-    max_query_len: int,
-    max_context_len: int,
     out: torch.Tensor | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
@@ -228,11 +225,13 @@ def paged_attention(
     """Paged attention for a packed step; num_kv_splits forces the split-KV path (None: auto).
 
     ``sliding_window`` keeps keys less than that many positions behind each query;
-    ``softcap`` caps the scaled scores at +-softcap through tanh.
+    ``softcap`` caps the scaled scores at +-softcap through tanh. inputs.plan_cache is not
+    read: the kernel reads the tables on the device.
     """
+    max_query_len, max_context_len = inputs.max_query_len, inputs.max_context_len
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
-    num_seqs = context_lens.shape[0]
+    num_seqs = inputs.context_lens.shape[0]
     if out is None:
         out = torch.empty_like(query)
     if num_tokens == 0 or num_seqs == 0:
@@ -242,10 +241,10 @@ def paged_attention(
     query = query if query.stride(-1) == 1 else query.contiguous()
     target = out if out.stride(-1) == 1 else torch.empty_like(query)
     # One index dtype keeps one compiled variant; .to() is free when they already are int32.
-    block_tables = block_tables.to(torch.int32)
+    block_tables = inputs.block_tables.to(torch.int32)
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    context_lens = context_lens.to(torch.int32).contiguous()
-    query_start_loc = query_start_loc.to(torch.int32).contiguous()
+    context_lens = inputs.context_lens.to(torch.int32).contiguous()
+    query_start_loc = inputs.query_start_loc.to(torch.int32).contiguous()
 
     ratio = num_heads // num_kv_heads
     head_pad = max(16, next_power_of_2(head_dim))
@@ -331,3 +330,8 @@ def paged_attention(
     if target is not out:
         out.copy_(target)
     return out
+
+
+# Dispatch reaches this module through an import it cannot type, so mypy checks here that the
+# kernel keeps the one paged_attention signature (inputs.AttentionFn).
+_SIGNATURE: AttentionFn = paged_attention

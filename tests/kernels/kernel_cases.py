@@ -6,38 +6,24 @@ from dataclasses import dataclass
 
 import torch
 
+from paged_llm.kernels import PagedAttentionInputs
+
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 
 
 @dataclass(frozen=True)
 class Step:
-    """One packed attention step: its tensors plus the host-side lengths behind them."""
+    """One layer's packed attention step: its queries and pool, and the step's metadata."""
 
     query: torch.Tensor
     key_cache: torch.Tensor
     value_cache: torch.Tensor
-    block_tables: torch.Tensor
-    context_lens: torch.Tensor
-    query_start_loc: torch.Tensor
+    inputs: PagedAttentionInputs
     scale: float
-    max_query_len: int
-    max_context_len: int
 
-    def args(self) -> tuple[object, ...]:
+    def args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedAttentionInputs, float]:
         """Positional arguments of paged_attention."""
-        return (
-            self.query,
-            self.key_cache,
-            self.value_cache,
-            self.block_tables,
-            self.context_lens,
-            self.query_start_loc,
-            self.scale,
-        )
-
-    def kwargs(self) -> dict[str, int]:
-        """Keyword lengths of paged_attention."""
-        return {"max_query_len": self.max_query_len, "max_context_len": self.max_context_len}
+        return (self.query, self.key_cache, self.value_cache, self.inputs, self.scale)
 
     def nan_out(self) -> torch.Tensor:
         """An output buffer full of NaN, so any element a kernel forgets to write fails."""
@@ -90,17 +76,14 @@ def make_step(
     starts = [0]
     for q_len in q_lens:
         starts.append(starts[-1] + q_len)
-    return Step(
-        query=query,
-        key_cache=key_cache,
-        value_cache=value_cache,
+    inputs = PagedAttentionInputs(
         block_tables=block_tables.to(index_dtype),
         context_lens=torch.tensor([ctx for ctx, _ in seqs], dtype=index_dtype),
         query_start_loc=torch.tensor(starts, dtype=index_dtype),
-        scale=head_dim**-0.5,
         max_query_len=max(q_lens),
         max_context_len=max(ctx for ctx, _ in seqs),
     )
+    return Step(query, key_cache, value_cache, inputs, scale=head_dim**-0.5)
 
 
 @dataclass(frozen=True)
@@ -148,10 +131,10 @@ def oracle(
     block_size, num_kv_heads = step.key_cache.shape[1], step.key_cache.shape[2]
     ratio = num_heads // num_kv_heads
     out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float64)
-    starts = step.query_start_loc.tolist()
-    for seq, ctx_len in enumerate(step.context_lens.tolist()):
+    starts = step.inputs.query_start_loc.tolist()
+    for seq, ctx_len in enumerate(step.inputs.context_lens.tolist()):
         start, end = starts[seq], starts[seq + 1]
-        table = step.block_tables[seq].tolist()
+        table = step.inputs.block_tables[seq].tolist()
         slots = [(table[pos // block_size], pos % block_size) for pos in range(ctx_len)]
         keys = torch.stack([step.key_cache[b, o] for b, o in slots]).double()
         values = torch.stack([step.value_cache[b, o] for b, o in slots]).double()
@@ -177,13 +160,13 @@ def poison_outside_window(step: Step, sliding_window: int) -> int:
     A kernel that reads a poisoned block returns NaN even where it masks the scores.
     """
     block_size = step.key_cache.shape[1]
-    starts = step.query_start_loc.tolist()
+    starts = step.inputs.query_start_loc.tolist()
     poisoned = 0
-    for seq, ctx_len in enumerate(step.context_lens.tolist()):
+    for seq, ctx_len in enumerate(step.inputs.context_lens.tolist()):
         first_query = ctx_len - (starts[seq + 1] - starts[seq])
         boundary = max(0, first_query - sliding_window + 1) // 64 * 64
         for logical in range(boundary // block_size):
-            block = int(step.block_tables[seq, logical])
+            block = int(step.inputs.block_tables[seq, logical])
             step.key_cache[block] = float("nan")
             step.value_cache[block] = float("nan")
             poisoned += 1

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from paged_llm.kernels import cpu_attention, dispatch, reference
+from paged_llm.kernels import PagedAttentionInputs, cpu_attention, dispatch, reference
 
 from kernel_cases import TOLERANCE, AttentionConfig, Step, make_step, mixed_seqs, oracle, rel_err
 
@@ -46,10 +46,10 @@ def in_pool(step: Step, kv_dtype: torch.dtype) -> Step:
 
 def _both(step: Step, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
     """The same step on the C kernel and on the torch path."""
-    native = reference.paged_attention(*step.args(), **step.kwargs(), **kwargs)
+    native = reference.paged_attention(*step.args(), **kwargs)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cpu_attention, "takes", lambda *args: False)
-        torch_path = reference.paged_attention(*step.args(), **step.kwargs(), **kwargs)
+        torch_path = reference.paged_attention(*step.args(), **kwargs)
     return native, torch_path
 
 
@@ -78,7 +78,7 @@ def test_a_strided_output_keeps_the_prefill_rows(kv_dtype: torch.dtype) -> None:
     step = in_pool(CONFIGS[0].step(mixed_seqs(16), seed=13), kv_dtype)
     tokens, heads, dim = step.query.shape
     out = torch.full((heads, tokens, dim), float("nan")).transpose(0, 1)
-    result = reference.paged_attention(*step.args(), **step.kwargs(), out=out)
+    result = reference.paged_attention(*step.args(), out=out)
     assert result is out
     assert rel_err(out, oracle(step)) < TOLERANCE[torch.float32]
 
@@ -106,7 +106,7 @@ def test_a_head_the_kernel_refuses_is_left_to_the_caller() -> None:
         [(20, 1)], num_kv_heads=1, gqa_ratio=2, head_dim=72, block_size=16,
         dtype=torch.float32, seed=14,
     )  # fmt: skip
-    plan = cpu_attention.DecodePlan.of(step.block_tables, [0], [0], [0], [20])
+    plan = cpu_attention.DecodePlan.of(step.inputs.block_tables, [0], [0], [0], [20])
     out = step.nan_out()
     assert not cpu_attention.decode(
         step.query, step.key_cache, step.value_cache, plan, step.scale, None, out
@@ -120,7 +120,7 @@ def test_without_the_kernel_the_torch_path_runs(
     monkeypatch.setattr(cpu_attention._LIBRARY, "_state", (None, "no C compiler here"))
     step = in_pool(CONFIGS[0].step(LONG, seed=15), kv_dtype)
     assert not cpu_attention.takes(step.query, step.key_cache, step.value_cache)
-    result = reference.paged_attention(*step.args(), **step.kwargs())
+    result = reference.paged_attention(*step.args())
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]
 
 
@@ -128,10 +128,10 @@ def test_a_block_outside_the_pool_is_refused_before_anything_is_read(
     kv_dtype: torch.dtype,
 ) -> None:
     step = in_pool(CONFIGS[0].step([(40, 1), (300, 1)], seed=16), kv_dtype)
-    step.block_tables[1, 5] = step.key_cache.shape[0]  # one past the pool's last block
+    step.inputs.block_tables[1, 5] = step.key_cache.shape[0]  # one past the pool's last block
     out = step.nan_out()
     with pytest.raises(IndexError, match=r"outside the pool of \d+ blocks"):
-        reference.paged_attention(*step.args(), **step.kwargs(), out=out)
+        reference.paged_attention(*step.args(), out=out)
     assert bool(out.isnan().all())
 
 
@@ -139,17 +139,17 @@ def test_a_sequence_gets_the_same_bits_alone_or_beside_others(kv_dtype: torch.dt
     # Its spans and their merge do not depend on the other sequences of the step, so an
     # answer does not change with the load.
     step = in_pool(CONFIGS[0].step([(300, 1), (1100, 1), (40, 1)], seed=17), kv_dtype)
-    together = reference.paged_attention(*step.args(), **step.kwargs())
-    alone = reference.paged_attention(
-        step.query[1:2],
-        step.key_cache,
-        step.value_cache,
-        step.block_tables[1:2],
-        step.context_lens[1:2],
-        torch.tensor([0, 1], dtype=step.query_start_loc.dtype),
-        step.scale,
+    together = reference.paged_attention(*step.args())
+    inputs = step.inputs
+    one = PagedAttentionInputs(
+        inputs.block_tables[1:2],
+        inputs.context_lens[1:2],
+        torch.tensor([0, 1], dtype=inputs.query_start_loc.dtype),
         max_query_len=1,
         max_context_len=1100,
+    )
+    alone = reference.paged_attention(
+        step.query[1:2], step.key_cache, step.value_cache, one, step.scale
     )
     assert torch.equal(together[1:2], alone)
 
@@ -162,7 +162,7 @@ def test_the_bound_sees_the_pools_rounding(kv: torch.dtype) -> None:
     # pool's, such as the float32 ones it came from.
     step = CONFIGS[0].step(LONG, seed=18)
     pool = in_pool(step, kv)
-    native = reference.paged_attention(*pool.args(), **pool.kwargs())
+    native = reference.paged_attention(*pool.args())
     assert rel_err(native, oracle(pool)) < TOLERANCE[torch.float32]
     assert rel_err(oracle(pool), oracle(step)) > 2 * TOLERANCE[torch.float32]
 
@@ -172,7 +172,7 @@ def test_dispatch_takes_a_16_bit_pool_under_float32_queries_on_the_torch_path_on
     kv: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     step = in_pool(CONFIGS[0].step(mixed_seqs(16), seed=19), kv)
-    result = dispatch.paged_attention(*step.args(), **step.kwargs(), backend="torch")
+    result = dispatch.paged_attention(*step.args(), backend="torch")
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]
     # Other mixes stay refused, naming the dtypes.
     other = torch.bfloat16 if kv == torch.float16 else torch.float16
@@ -180,8 +180,8 @@ def test_dispatch_takes_a_16_bit_pool_under_float32_queries_on_the_torch_path_on
     for query, values in pairs:
         mixed = dataclasses.replace(step, query=query, value_cache=values)
         with pytest.raises(ValueError, match="must have query's dtype"):
-            dispatch.paged_attention(*mixed.args(), **mixed.kwargs(), backend="torch")
+            dispatch.paged_attention(*mixed.args(), backend="torch")
     # Triton reads the queries' dtype only: the same call is refused before it runs.
     monkeypatch.setattr(dispatch, "resolve_backend", lambda *args: "triton")
     with pytest.raises(ValueError, match="must have query's dtype"):
-        dispatch.paged_attention(*step.args(), **step.kwargs())
+        dispatch.paged_attention(*step.args())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -56,7 +57,7 @@ def _step() -> Any:
 
 def _attend(**kwargs: Any) -> torch.Tensor:
     step = _step()
-    return kernels.paged_attention(*step.args(), **step.kwargs(), **kwargs)
+    return kernels.paged_attention(*step.args(), **kwargs)
 
 
 def test_auto_sends_cpu_to_torch_and_cuda_to_triton() -> None:
@@ -79,10 +80,10 @@ def test_forcing_triton_per_call_runs_the_kernels(monkeypatch: pytest.MonkeyPatc
     store_calls = _spy(monkeypatch, triton_store, "store_kv")
     step = _step()
     out = step.nan_out()
-    result = kernels.paged_attention(*step.args(), **step.kwargs(), out=out, backend="triton")
+    result = kernels.paged_attention(*step.args(), out=out, backend="triton")
     assert result is out
     assert attention_calls == ["paged_attention"]
-    expected = kernels.paged_attention(*step.args(), **step.kwargs(), backend="torch")
+    expected = kernels.paged_attention(*step.args(), backend="torch")
     assert rel_err(result, expected) < TOLERANCE[torch.float32]
     kv = torch.ones(1, 1, 64)
     kernels.store_kv(kv, kv, step.key_cache, step.value_cache, torch.tensor([3]), backend="triton")
@@ -137,6 +138,7 @@ def test_missing_triton_falls_back_on_auto_and_fails_when_forced(
         kernels.resolve_backend(CUDA, "triton")
 
 
+INPUT_FIELDS = {field.name for field in dataclasses.fields(kernels.PagedAttentionInputs)}
 BAD_ATTENTION_ARGS: list[tuple[Callable[[Any], dict[str, Any]], str]] = [
     (
         lambda s: {
@@ -150,9 +152,9 @@ BAD_ATTENTION_ARGS: list[tuple[Callable[[Any], dict[str, Any]], str]] = [
     (lambda s: {"query": s.query.double()}, "dtype must be float16"),
     (lambda s: {"value_cache": s.value_cache.half()}, "must have query's dtype"),
     (lambda s: {"value_cache": s.value_cache[:, :8]}, "must both be \\[num_blocks"),
-    (lambda s: {"query_start_loc": s.query_start_loc[:2]}, "num_seqs \\+ 1 = 3"),
-    (lambda s: {"block_tables": s.block_tables[:1]}, "block_tables must be"),
-    (lambda s: {"context_lens": s.context_lens.float()}, "context_lens must be int32"),
+    (lambda s: {"query_start_loc": s.inputs.query_start_loc[:2]}, "num_seqs \\+ 1 = 3"),
+    (lambda s: {"block_tables": s.inputs.block_tables[:1]}, "block_tables must be"),
+    (lambda s: {"context_lens": s.inputs.context_lens.float()}, "context_lens must be int32"),
     (lambda s: {"out": s.query.half()}, "out must match query"),
 ]
 
@@ -164,17 +166,19 @@ def test_bad_attention_arguments_fail_clearly(
     change: Callable[[Any], dict[str, Any]], message: str
 ) -> None:
     step = _step()
-    args = {
+    changed = change(step)
+    # Each change replaces one argument: a per-layer one, or a field of the step's inputs.
+    inputs = dataclasses.replace(
+        step.inputs, **{k: v for k, v in changed.items() if k in INPUT_FIELDS}
+    )
+    layer = {
         "query": step.query,
         "key_cache": step.key_cache,
         "value_cache": step.value_cache,
-        "block_tables": step.block_tables,
-        "context_lens": step.context_lens,
-        "query_start_loc": step.query_start_loc,
         "out": None,
-    } | change(step)
+    } | {k: v for k, v in changed.items() if k not in INPUT_FIELDS}
     with pytest.raises(ValueError, match=message):
-        kernels.paged_attention(**args, scale=1.0, **step.kwargs())
+        kernels.paged_attention(**layer, inputs=inputs, scale=1.0)
 
 
 def test_bad_store_arguments_fail_clearly() -> None:

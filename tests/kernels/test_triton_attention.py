@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_llm.kernels import reference
+from paged_llm.kernels import PagedAttentionInputs, reference
 from paged_llm.kernels.triton_config import tile_shape
 
 from kernel_cases import TOLERANCE, AttentionConfig, make_step, mixed_seqs, oracle, rel_err
@@ -27,9 +27,9 @@ CONFIGS = [
 
 def _check_against_reference(step_seqs: list[tuple[int, int]], config: AttentionConfig) -> None:
     step = config.step(step_seqs, seed=11)
-    expected = reference.paged_attention(*step.args(), **step.kwargs())
+    expected = reference.paged_attention(*step.args())
     out = step.nan_out()
-    result = triton_attention.paged_attention(*step.args(), **step.kwargs(), out=out)
+    result = triton_attention.paged_attention(*step.args(), out=out)
     assert result is out
     assert rel_err(result, expected) < TOLERANCE[config.dtype]
 
@@ -62,7 +62,7 @@ def test_matches_float64_oracle_with_int64_metadata() -> None:
         seed=5,
         index_dtype=torch.int64,
     )
-    result = triton_attention.paged_attention(*step.args(), **step.kwargs(), out=step.nan_out())
+    result = triton_attention.paged_attention(*step.args(), out=step.nan_out())
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]
 
 
@@ -86,20 +86,13 @@ def test_split_kv_matches_single_pass(
     step = config.step(seqs, seed=2)
     head_pad = max(16, 1 << (config.head_dim - 1).bit_length())
     element_size = step.query.element_size()
-    _, _, tile_n = tile_shape(config.gqa_ratio, step.max_query_len, head_pad, element_size)
-    assert splits <= -(-step.max_context_len // tile_n), "the case must really split"
-    single = triton_attention.paged_attention(
-        *step.args(), **step.kwargs(), out=step.nan_out(), num_kv_splits=1
-    )
-    split = triton_attention.paged_attention(
-        *step.args(), **step.kwargs(), out=step.nan_out(), num_kv_splits=splits
-    )
+    _, _, tile_n = tile_shape(config.gqa_ratio, step.inputs.max_query_len, head_pad, element_size)
+    assert splits <= -(-step.inputs.max_context_len // tile_n), "the case must really split"
+    single = triton_attention.paged_attention(*step.args(), out=step.nan_out(), num_kv_splits=1)
+    split = triton_attention.paged_attention(*step.args(), out=step.nan_out(), num_kv_splits=splits)
     tolerance = 1e-6 if config.dtype == torch.float32 else TOLERANCE[config.dtype] / 4
     assert rel_err(split, single) < tolerance
-    assert (
-        rel_err(split, reference.paged_attention(*step.args(), **step.kwargs()))
-        < TOLERANCE[config.dtype]
-    )
+    assert rel_err(split, reference.paged_attention(*step.args())) < TOLERANCE[config.dtype]
 
 
 def test_empty_step_returns_untouched_output() -> None:
@@ -113,16 +106,16 @@ def test_empty_step_returns_untouched_output() -> None:
         seed=0,
     )
     empty = torch.empty(0, 1, 64)
-    result = triton_attention.paged_attention(
-        empty,
-        step.key_cache,
-        step.value_cache,
-        step.block_tables[:0],
-        step.context_lens[:0],
-        step.query_start_loc[:1],
-        step.scale,
+    inputs = step.inputs
+    no_seqs = PagedAttentionInputs(
+        inputs.block_tables[:0],
+        inputs.context_lens[:0],
+        inputs.query_start_loc[:1],
         max_query_len=0,
         max_context_len=0,
+    )
+    result = triton_attention.paged_attention(
+        empty, step.key_cache, step.value_cache, no_seqs, step.scale
     )
     assert result.shape == (0, 1, 64)
 
@@ -132,8 +125,8 @@ def test_strided_output_is_written_in_place() -> None:
     step = config.step([(20, 4), (7, 1)], seed=4)
     buffer = torch.full((*step.query.shape, 2), float("nan"))
     out = buffer[..., 0]  # head_dim stride 2: the kernel writes a temporary, then copies
-    result = triton_attention.paged_attention(*step.args(), **step.kwargs(), out=out)
+    result = triton_attention.paged_attention(*step.args(), out=out)
     assert result is out
-    expected = reference.paged_attention(*step.args(), **step.kwargs())
+    expected = reference.paged_attention(*step.args())
     assert rel_err(buffer[..., 0], expected) < TOLERANCE[torch.float32]
     assert buffer[..., 1].isnan().all()

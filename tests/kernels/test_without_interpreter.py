@@ -32,11 +32,11 @@ cache = torch.zeros(4, 16, 1, 64)
 kv = torch.randn(3, 1, 64)
 kernels.store_kv(kv, kv, cache, cache, torch.tensor([0, 1, 2]))
 query = torch.randn(3, 2, 64)
-out = kernels.paged_attention(
-    query, cache, cache, torch.tensor([[0]], dtype=torch.int32),
-    torch.tensor([3], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), 0.125,
-    max_query_len=3, max_context_len=3,
+inputs = kernels.PagedAttentionInputs(
+    torch.tensor([[0]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32),
+    torch.tensor([0, 3], dtype=torch.int32), max_query_len=3, max_context_len=3,
 )
+out = kernels.paged_attention(query, cache, cache, inputs, 0.125)
 assert out.isfinite().all()
 assert kernels.resolve_backend(torch.device("cuda")) == "torch"
 try:
