@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from paged_llm.kernels import paged_attention, resolve_backend
+from paged_llm.kernels import PagedAttentionInputs, paged_attention, resolve_backend
 
 from . import argument_parser
 
@@ -86,14 +86,12 @@ def copy_bandwidth(device: torch.device, nbytes: int, timer: Timer) -> float:
 
 @dataclass
 class Step:
-    """The tensors of one benchmarked step."""
+    """The tensors of one benchmarked step: its queries and pool, and the step's metadata."""
 
     query: torch.Tensor
     key_cache: torch.Tensor
     value_cache: torch.Tensor
-    block_tables: torch.Tensor
-    context_lens: torch.Tensor
-    query_start_loc: torch.Tensor
+    inputs: PagedAttentionInputs
 
 
 def build_step(shape: Shape, case: Case, device: torch.device) -> Step:
@@ -104,6 +102,16 @@ def build_step(shape: Shape, case: Case, device: torch.device) -> Step:
     pool_shape = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
     num_tokens = case.batch * case.q_len
     perm = torch.randperm(num_blocks, generator=gen, device=device)
+    # No plan cache: each timed call plans on the torch path, as a step's first layer does.
+    inputs = PagedAttentionInputs(
+        block_tables=perm.view(case.batch, blocks_per_seq).to(torch.int32),
+        context_lens=torch.full((case.batch,), case.ctx, dtype=torch.int32, device=device),
+        query_start_loc=torch.arange(
+            0, num_tokens + 1, case.q_len, dtype=torch.int32, device=device
+        ),
+        max_query_len=case.q_len,
+        max_context_len=case.ctx,
+    )
     return Step(
         query=torch.randn(
             (num_tokens, shape.num_heads, shape.head_dim),
@@ -113,34 +121,21 @@ def build_step(shape: Shape, case: Case, device: torch.device) -> Step:
         ),
         key_cache=torch.randn(pool_shape, generator=gen, device=device, dtype=shape.dtype),
         value_cache=torch.randn(pool_shape, generator=gen, device=device, dtype=shape.dtype),
-        block_tables=perm.view(case.batch, blocks_per_seq).to(torch.int32),
-        context_lens=torch.full((case.batch,), case.ctx, dtype=torch.int32, device=device),
-        query_start_loc=torch.arange(
-            0, num_tokens + 1, case.q_len, dtype=torch.int32, device=device
-        ),
+        inputs=inputs,
     )
 
 
 def paged_call(
-    step: Step, shape: Shape, case: Case, backend: str, splits: int | None = None
+    step: Step, shape: Shape, backend: str, splits: int | None = None
 ) -> Callable[[], object]:
     """The paged kernel on this step; splits forces the Triton launcher's split count."""
-    args = (
-        step.query,
-        step.key_cache,
-        step.value_cache,
-        step.block_tables,
-        step.context_lens,
-        step.query_start_loc,
-        shape.head_dim**-0.5,
-    )
+    args = (step.query, step.key_cache, step.value_cache, step.inputs, shape.head_dim**-0.5)
     out = torch.empty_like(step.query)
-    lengths = {"max_query_len": case.q_len, "max_context_len": case.ctx}
     if splits is None:
-        return lambda: paged_attention(*args, **lengths, out=out, backend=backend)
+        return lambda: paged_attention(*args, out=out, backend=backend)
     from paged_llm.kernels import triton_attention
 
-    return lambda: triton_attention.paged_attention(*args, **lengths, out=out, num_kv_splits=splits)
+    return lambda: triton_attention.paged_attention(*args, out=out, num_kv_splits=splits)
 
 
 def sdpa_baseline(step: Step, shape: Shape, case: Case) -> Callable[[], object]:
@@ -148,7 +143,7 @@ def sdpa_baseline(step: Step, shape: Shape, case: Case) -> Callable[[], object]:
     kv_shape = (case.batch, -1, shape.num_kv_heads, shape.head_dim)
 
     def gather(cache: torch.Tensor) -> torch.Tensor:
-        dense = cache[step.block_tables.long()].view(kv_shape)[:, : case.ctx]
+        dense = cache[step.inputs.block_tables.long()].view(kv_shape)[:, : case.ctx]
         return dense.transpose(1, 2).contiguous()
 
     keys, values = gather(step.key_cache), gather(step.value_cache)
@@ -194,7 +189,7 @@ def run_case(
 ) -> dict[str, float]:
     """Time the paged kernel (and, for split decode, its single-pass variant) and SDPA."""
     step = build_step(shape, case, device)
-    result = {"paged_ms": timer(paged_call(step, shape, case, backend))}
+    result = {"paged_ms": timer(paged_call(step, shape, backend))}
     result["splits"], result["single_ms"] = 1, math.nan
     if resolve_backend(device, backend) == "triton":
         from paged_llm.kernels.triton_config import choose_num_splits
@@ -202,7 +197,7 @@ def run_case(
         splits = choose_num_splits(case.batch, shape.num_kv_heads, case.q_len, case.ctx, device)
         result["splits"] = splits
         if splits > 1:
-            result["single_ms"] = timer(paged_call(step, shape, case, backend, splits=1))
+            result["single_ms"] = timer(paged_call(step, shape, backend, splits=1))
     result["sdpa_ms"] = timer(sdpa_baseline(step, shape, case))
     del step
     if device.type == "cuda":
