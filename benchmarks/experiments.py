@@ -20,8 +20,9 @@ from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import LoadedModel
 from paged_llm.engine.model_runner import config_kv_dtype, kv_bytes_per_block
 from paged_llm.engine.scheduler import Scheduler
-from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.sequence import SamplingParams, Sequence
 from paged_llm.engine.utils import cdiv
+from paged_llm.protocol.priority import parse_priority
 
 from .machine import step_until_decoding
 from .runners import engine_config, pct
@@ -76,7 +77,7 @@ def capacity_experiment(
                     req.request_id,
                     req.prompt_ids,
                     SamplingParams(max_tokens=req.max_tokens, ignore_eos=True),
-                    Priority.parse(req.priority),
+                    parse_priority(req.priority),
                     0.0,
                 )
             )

@@ -9,38 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from paged_llm.protocol.priority import Priority as Priority  # the one enum, re-exported
+
 from .errors import InvalidSamplingParams
 
 # Below this temperature sampling is argmax: dividing logits by it would overflow to NaN.
 GREEDY_TEMPERATURE = 1e-5
 # Seeds torch's generators take: any 64-bit value, signed or unsigned.
 SEED_RANGE = range(-(2**63), 2**64)
-
-
-class Priority(enum.IntEnum):
-    """Priority class of a request; a lower value is served first."""
-
-    INTERACTIVE = 0
-    AUTOMATION = 1
-    BACKGROUND = 2
-
-    @classmethod
-    def parse(cls, value: str | int | Priority) -> Priority:
-        """Return the class for a name such as ``"interactive"`` or raise ValueError."""
-        if isinstance(value, Priority):
-            return value
-        if isinstance(value, str):
-            try:
-                return cls[value.upper()]
-            except KeyError:
-                pass
-        elif isinstance(value, int) and not isinstance(value, bool):
-            try:
-                return cls(value)
-            except ValueError:
-                pass
-        names = ", ".join(p.name.lower() for p in cls)
-        raise ValueError(f"unknown priority {value!r}; expected one of: {names}")
 
 
 class SequenceStatus(enum.Enum):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from paged_llm.protocol.priority import parse_priority
+
 from .errors import InvalidArgument
 from .sequence import Priority, SamplingParams
 
@@ -71,15 +73,9 @@ def check_params(params: object) -> SamplingParams:
 
 
 def check_priority(priority: object) -> Priority:
-    """A priority is a Priority, its name or its number."""
-    if isinstance(priority, bool) or not isinstance(priority, str | int):
-        raise InvalidArgument(
-            "priority",
-            "priority must be one of "
-            f"{', '.join(p.name.lower() for p in Priority)}, got {priority!r}",
-        )
+    """A priority is a Priority, its name or vLLM's integer (protocol.priority)."""
     try:
-        return Priority.parse(priority)
+        return parse_priority(priority)
     except ValueError as err:
         raise InvalidArgument("priority", str(err)) from None
 

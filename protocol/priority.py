@@ -1,54 +1,49 @@
-"""Priority classes by name, and vLLM's integer priority mapped onto them."""
+"""The request priority classes: one enum for the engine and every host, and its parser."""
 
 from __future__ import annotations
 
 import enum
 
 
-class PriorityClass(enum.StrEnum):
-    """The engine's three priority classes, most urgent first (names match the engine's)."""
+class Priority(enum.IntEnum):
+    """A request's class, most urgent first; the value is vLLM's integer (lower runs first)."""
 
-    INTERACTIVE = "interactive"
-    AUTOMATION = "automation"
-    BACKGROUND = "background"
+    INTERACTIVE = 0
+    AUTOMATION = 1
+    BACKGROUND = 2
+
+    @property
+    def label(self) -> str:
+        """The class's name as requests, metrics and Home Assistant spell it."""
+        return self.name.lower()
 
 
-PRIORITY_NAMES: tuple[str, ...] = tuple(p.value for p in PriorityClass)
-DEFAULT_PRIORITY = PriorityClass.INTERACTIVE
+PRIORITY_NAMES: tuple[str, ...] = tuple(p.label for p in Priority)
+DEFAULT_PRIORITY = Priority.INTERACTIVE
 
 
-def from_vllm(value: int) -> PriorityClass:
-    """Map vLLM's integer priority (lower runs first, 0 by default) onto a class.
+def parse_priority(value: object) -> Priority:
+    """A class from its name (any case) or vLLM's integer; ValueError naming the choices.
 
-    0 and below is interactive, 1 automation, 2 and above background: the engine's own
-    class numbers, with anything beyond them clamped to the nearest end.
+    vLLM's integers map 0 and below to interactive, 1 to automation, 2 and above to
+    background: the classes' own numbers, anything beyond them clamped to the nearest end.
     """
-    if value <= 0:
-        return PriorityClass.INTERACTIVE
-    if value == 1:
-        return PriorityClass.AUTOMATION
-    return PriorityClass.BACKGROUND
-
-
-def to_vllm(priority: PriorityClass | str) -> int:
-    """The vLLM integer for a class, for a client talking to a vLLM-style server."""
-    return list(PriorityClass).index(parse_priority(priority))
-
-
-def parse_priority(value: object) -> PriorityClass:
-    """A class from its name (any case) or vLLM's integer; ValueError naming the choices."""
-    if isinstance(value, PriorityClass):
+    if isinstance(value, Priority):
         return value
-    if isinstance(value, bool):
-        pass
-    elif isinstance(value, int):
-        return from_vllm(value)
-    elif isinstance(value, float) and value.is_integer():
-        return from_vllm(int(value))
-    elif isinstance(value, str):
-        try:
-            return PriorityClass(value.strip().lower())
-        except ValueError:
-            pass
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Priority(min(max(value, Priority.INTERACTIVE), Priority.BACKGROUND))
+    if isinstance(value, str):
+        name = value.strip().upper()
+        if name in Priority.__members__:
+            return Priority[name]
     names = ", ".join(PRIORITY_NAMES)
-    raise ValueError(f"priority must be an integer (vLLM's, lower runs first) or one of: {names}")
+    raise ValueError(
+        f"priority must be an integer (vLLM's, lower runs first) or one of: {names}; got {value!r}"
+    )
+
+
+def to_vllm(priority: Priority | str) -> int:
+    """The vLLM integer for a class, for a client talking to a vLLM-style server."""
+    return int(parse_priority(priority))

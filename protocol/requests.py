@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ApiError, bad_field
-from .priority import DEFAULT_PRIORITY, PriorityClass, parse_priority
+from .priority import DEFAULT_PRIORITY, Priority, parse_priority
 from .tool_calls import template_call_id
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -38,7 +38,7 @@ class GenerationRequest:
     seed: int | None = None
     stream: bool = False
     include_usage: bool = False
-    priority: PriorityClass = DEFAULT_PRIORITY
+    priority: Priority = DEFAULT_PRIORITY
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float | None = None  # None: the model's own

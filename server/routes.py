@@ -159,7 +159,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prepared = await _prepare(request, body, None)
     response_id, created, model = new_id("chatcmpl"), now(), prepared[0].model_name
     parser = ToolCallStream(body.tool_names) if body.tool_names else None
-    priority = body.priority.value
+    priority = body.priority.label
 
     def delta(out: RequestOutput) -> str:
         """The output's text, with tool-call markup held back for the parser."""
@@ -199,7 +199,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = parse_completion_request(await read_json(request))
     prepared = await _prepare(request, body, COMPLETION_DEFAULT_MAX_TOKENS)
     response_id, created, model = new_id("cmpl"), now(), prepared[0].model_name
-    priority = body.priority.value
+    priority = body.priority.label
     result = await _generate(
         request,
         prepared,

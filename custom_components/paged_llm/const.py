@@ -6,7 +6,7 @@ import logging
 from typing import Final
 
 from paged_llm.protocol.defaults import WEIGHT_CHOICES
-from paged_llm.protocol.priority import PRIORITY_NAMES, PriorityClass
+from paged_llm.protocol.priority import PRIORITY_NAMES, Priority
 
 DOMAIN: Final = "paged_llm"
 LOGGER = logging.getLogger(__package__)
@@ -101,7 +101,7 @@ DEFAULT_SUMMARY_REPETITION_PENALTY: Final = 1.1
 # loop inside a list or a string until max_tokens ("1", "2", "3", … or "blue", "blueblue", …).
 # A frequency penalty counts only the answer's own tokens, not the prompt's schema, so short
 # answers hardly change while a loop ends: with the bundled model, 29 of 32 structures valid
-# without it and 32 with it (scripts/bench_structured.py). A repetition penalty, which
+# without it and 32 with it (benchmarks/structured.py). A repetition penalty, which
 # counts the prompt too, garbled numbers and names instead (1.1: "minutes": 2018369457).
 STRUCTURE_FREQUENCY_PENALTY: Final = 0.5
 # A part's own summary is not what the user sized with max_tokens: give it room enough.
@@ -121,6 +121,6 @@ SUMMARY_COMBINE_PROMPT: Final = (
 )
 
 # Which class each kind of request runs in.
-PRIORITY_CONVERSATION: Final = PriorityClass.INTERACTIVE.value
-PRIORITY_AI_TASK: Final = PriorityClass.AUTOMATION.value
-PRIORITY_SUMMARY: Final = PriorityClass.BACKGROUND.value
+PRIORITY_CONVERSATION: Final = Priority.INTERACTIVE.label
+PRIORITY_AI_TASK: Final = Priority.AUTOMATION.label
+PRIORITY_SUMMARY: Final = Priority.BACKGROUND.label

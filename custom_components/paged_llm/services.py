@@ -12,6 +12,8 @@ from homeassistant.exceptions import ServiceValidationError
 from homeassistant.helpers import config_validation as cv
 from homeassistant.helpers import selector, service
 
+from paged_llm.protocol.priority import parse_priority as parse_class
+
 from .chat import async_complete
 from .const import (
     ATTR_CONFIG_ENTRY_ID,
@@ -85,14 +87,14 @@ def _loaded_entry(hass: HomeAssistant, call: ServiceCall) -> PagedLLMConfigEntry
 
 def parse_priority(value: str) -> str:
     """The request class for a name, or a translated error listing the known ones."""
-    name = value.strip().lower()
-    if name not in PRIORITIES:
+    try:
+        return parse_class(value).label
+    except ValueError:
         raise ServiceValidationError(
             translation_domain=DOMAIN,
             translation_key="invalid_priority",
             translation_placeholders={"priority": value, "priorities": ", ".join(PRIORITIES)},
-        )
-    return name
+        ) from None
 
 
 def read_allowed_file(hass: HomeAssistant, path: str) -> str:

@@ -93,7 +93,7 @@ async def test_rejections_reach_only_their_caller() -> None:
             await collect(engine, "", SamplingParams())
         with pytest.raises(InvalidSamplingParams):
             await collect(engine, "hi", SamplingParams(temperature=-1))
-        with pytest.raises(ValueError, match="unknown priority"):
+        with pytest.raises(ValueError, match="one of: interactive, automation, background"):
             await collect(engine, "hi", SamplingParams(), "urgent")
         outs = await good
         assert outs[-1].finished

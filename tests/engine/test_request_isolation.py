@@ -204,7 +204,7 @@ BAD_INPUTS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"priority": "urgent"}, InvalidArgument, "priority"),
     ({"priority": None}, InvalidArgument, "priority"),
     ({"priority": 1.5}, InvalidArgument, "priority"),
-    ({"priority": 7}, InvalidArgument, "priority"),
+    ({"priority": True}, InvalidArgument, "priority"),
     ({"tools": "lights"}, InvalidArgument, "tools"),
     ({"tools": ["lights"]}, InvalidArgument, "tools"),
     ({"request_id": 5}, InvalidArgument, "request_id"),
