@@ -7,7 +7,6 @@ import json
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -26,18 +25,16 @@ from paged_llm.client import (
     chat_request,
 )
 from paged_llm.protocol.priority import to_vllm
-from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot, percentiles
+from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot
+from paged_llm.protocol.windows import LatencyWindows, RateWindow
 
 from .backend import BackendError, Delta, Sampling
-from .const import PRIORITIES
 
 # When the server does not say its context length (only vLLM and this project's do).
 FALLBACK_CONTEXT = 4096
 # Without the server's tokenizer: a conservative count (most tokenizers average 3.5 to 4.5
 # bytes of English per token), so summaries split early rather than overflow.
 BYTES_PER_TOKEN = 3
-WINDOW_REQUESTS = 256
-THROUGHPUT_WINDOW_S = 10.0
 # A loading server that does not say how long to wait: the metrics poll's pace.
 LOADING_RETRY_S = 5
 
@@ -75,34 +72,6 @@ def _tool_input(call_id: str, name: str, arguments: str) -> llm.ToolInput:
     )
 
 
-class _Timings:
-    """Time to first token per class and the token rate, as Home Assistant sees them."""
-
-    def __init__(self) -> None:
-        self.ttft: dict[str, deque[float]] = {
-            name: deque(maxlen=WINDOW_REQUESTS) for name in PRIORITIES
-        }
-        self._tokens: deque[tuple[float, int]] = deque()
-
-    def first_token(self, priority: str, seconds: float) -> None:
-        """Record one request's time to first token."""
-        self.ttft.setdefault(priority, deque(maxlen=WINDOW_REQUESTS)).append(seconds)
-
-    def tokens(self, now: float, count: int) -> None:
-        """Count generated tokens that arrived now."""
-        if count > 0:
-            self._tokens.append((now, count))
-
-    def throughput(self, now: float) -> float:
-        """Tokens per second over the recent window (0 once nothing arrives)."""
-        while self._tokens and self._tokens[0][0] < now - THROUGHPUT_WINDOW_S:
-            self._tokens.popleft()
-        if not self._tokens:
-            return 0.0
-        span = max(now - self._tokens[0][0], 1.0)
-        return sum(count for _, count in self._tokens) / span
-
-
 class RemoteBackend:
     """Serves requests through an OpenAI-compatible server with Home Assistant's session."""
 
@@ -117,7 +86,9 @@ class RemoteBackend:
         self._ready = True
         self._has_metrics: bool | None = None
         self._reader = MetricsReader(model)
-        self._timings = _Timings()
+        # Time to first token per class and the token rate, as Home Assistant sees them.
+        self._ttft = LatencyWindows()
+        self._tokens = RateWindow()
         self._snapshot = MetricsSnapshot()
         # Whether the server takes announced voice queries (None: not asked yet).
         self._announces: bool | None = None
@@ -205,10 +176,10 @@ class RemoteBackend:
                 self._reached(True)
                 if chunk.content or chunk.reasoning:
                     if first:
-                        self._timings.first_token(priority, now - start)
+                        self._ttft.add(priority, now - start)
                         first = False
                     counted += 1
-                    self._timings.tokens(now, 1)
+                    self._tokens.add(now, 1)
                 yield self._delta(chunk, counted)
         except ClientError as err:
             self._failed(err)
@@ -236,7 +207,8 @@ class RemoteBackend:
             delta.completion_tokens = chunk.usage.completion_tokens
             delta.cached_tokens = chunk.usage.cached_tokens
             # Chunks may carry several tokens: the usage count is the exact one.
-            self._timings.tokens(time.monotonic(), chunk.usage.completion_tokens - counted)
+            if (extra := chunk.usage.completion_tokens - counted) > 0:
+                self._tokens.add(time.monotonic(), extra)
         return delta
 
     def metrics(self) -> MetricsSnapshot:
@@ -298,10 +270,8 @@ class RemoteBackend:
         now = time.monotonic()
         self._snapshot = replace(
             snapshot,
-            time_to_first_token_seconds={
-                name: percentiles(list(window)) for name, window in self._timings.ttft.items()
-            },
-            generation_throughput=self._timings.throughput(now),
+            time_to_first_token_seconds=self._ttft.percentiles(),
+            generation_throughput=self._tokens.rate(now),
         )
         return self._snapshot
 
