@@ -314,7 +314,14 @@ def summary_experiment(
     async def main() -> dict[str, Any]:
         engine = AsyncEngine(config, loaded=loaded)
         await engine.start()
-        pool_tokens = engine.engine.num_kv_blocks * config.block_size
+        pool_tokens = engine.info.pool_tokens
+        # Every step's figures from here on: the preemptions come from the latest one.
+        trace = engine.start_trace()
+
+        def preemptions() -> int:
+            """Preemptions so far, as of the last step."""
+            return trace[-1].num_preemptions if trace else 0
+
         doc_tokens = len(loaded.tokenizer.encode(document))
         await _ask(engine, voice[0])  # caches the system prompt
         idle = [await _ask(engine, req) for req in voice[1:9]]
@@ -333,11 +340,11 @@ def summary_experiment(
                 Sampling(max_tokens=64, temperature=0.0),
             )
             began = time.monotonic()
-            preemptions = engine.engine.scheduler.num_preemptions
+            before = preemptions()
             summary = asyncio.ensure_future(summarizer.async_summarize(document))
             await voices(summary)
             await summary
-            preempted = engine.engine.scheduler.num_preemptions - preemptions
+            preempted = preemptions() - before
             return summarizer, time.monotonic() - began, preempted
 
         busy: list[_Asked] = []

@@ -201,14 +201,13 @@ def run_engine(
     async def main() -> SystemRun:
         engine = AsyncEngine(config, loaded=loaded)
         await engine.start()
-        engine.engine.trace = []
+        trace = engine.start_trace()
         with PeakMemory() as mem:
             started = time.monotonic()
             results = await _drive_engine(engine, workload)
             makespan = time.monotonic() - started - workload[0].arrival
-        trace = engine.engine.trace
         run = SystemRun(name, results, makespan, mem.peak)
-        run.preemptions = engine.engine.scheduler.num_preemptions
+        run.preemptions = trace[-1].num_preemptions if trace else 0
         busy = [t for t in trace if t.kv_allocated_slots]
         if busy:
             run.kv_utilization = statistics.mean(

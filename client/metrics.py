@@ -157,6 +157,7 @@ class MetricsReader:
             timestamp=scrape.time,
             kv_blocks_used=int(_first(v, names.KV_BLOCKS_USED)),
             kv_blocks_total=blocks_total,
+            kv_blocks_cached=int(_first(v, names.KV_BLOCKS_CACHED)),
             kv_cache_usage_perc=usage,
             num_requests_running=int(_first(v, names.NUM_REQUESTS_RUNNING)),
             num_requests_waiting=int(_first(v, names.NUM_REQUESTS_WAITING)),

@@ -16,10 +16,12 @@ from typing import Any
 from .block_map import BlockMap, take_block_map
 from .config import EngineConfig
 from .errors import EngineDeadError, RequestRejected
+from .info import EngineInfo
+from .kv_pool import plan_kv_pool
 from .llm_engine import LLMEngine, Prompt
-from .loader import LoadedModel, load_model
+from .loader import LoadedModel, load_model, resolve_device, resolve_dtype
 from .metrics import EngineState, MetricsSnapshot
-from .outputs import RequestOutput
+from .outputs import RequestOutput, StepTrace
 from .sequence import FinishReason, Priority, SamplingParams
 from .step_thread import STEP_THREAD
 from .validation import check_params, check_priority, check_prompt, check_request_id, check_tools
@@ -246,11 +248,69 @@ class AsyncEngine:
         return self._error
 
     @property
-    def engine(self) -> LLMEngine:
-        """The hosted synchronous engine (read-only use from the event loop)."""
+    def _llm(self) -> LLMEngine:
+        """The hosted synchronous engine; hosts read it through the methods below."""
         if self._engine is None:
             raise EngineDeadError("the engine is not started")
         return self._engine
+
+    # What the engine is ---------------------------------------------------------------
+
+    @property
+    def info(self) -> EngineInfo:
+        """The model, the pool and the limits (EngineDeadError before start and after stop)."""
+        return self._llm.info()
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer, for reading only (its chat template, counting tokens)."""
+        return self._llm.tokenizer
+
+    async def tokenize(
+        self, prompt: Prompt, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """A prompt's token ids, through the chat template for messages (off the loop)."""
+        check_prompt(prompt)
+        tools = check_tools(tools)
+        engine = self._llm
+        return await asyncio.get_running_loop().run_in_executor(
+            None, engine.tokenize, prompt, tools
+        )
+
+    async def compile_constraint(self, params: SamplingParams) -> None:
+        """Compile ``params``' grammar now (off the loop), so a bad one fails before generate.
+
+        Raises InvalidSamplingParams or RequestRejected (invalid_structured_output) naming
+        what the grammar library refused; a compiled grammar is kept for the request.
+        """
+        if params.structured is None:
+            return
+        engine = self._llm
+        await asyncio.get_running_loop().run_in_executor(None, engine.structured.compile, params)
+
+    def check_config(self, config: EngineConfig) -> None:
+        """Raise KVBudgetError when ``config`` cannot hold one full sequence (blocking).
+
+        Exact only when this engine has the model on the config's device and dtype;
+        otherwise the check is left to the restart with the new settings.
+        """
+        try:
+            loaded = self._llm.loaded
+        except EngineDeadError:
+            return
+        if loaded.model is None:
+            return
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device, config.weights)
+        if device != loaded.device or dtype != loaded.dtype:
+            return
+        plan_kv_pool(config, loaded)
+
+    def start_trace(self) -> list[StepTrace]:
+        """Record every step from now on into the list returned (for benchmarks)."""
+        trace: list[StepTrace] = []
+        self._llm.trace = trace
+        return trace
 
     # Requests ---------------------------------------------------------------------------
 
@@ -285,7 +345,7 @@ class AsyncEngine:
         self._check_alive()
         arrival = time.monotonic()
         loop = asyncio.get_running_loop()
-        engine = self.engine
+        engine = self._llm
         request_id = request_id or uuid.uuid4().hex
         stream = _Stream(loop, asyncio.Queue())
         # The id is taken before the first await: of two requests with one id, the one
@@ -303,9 +363,8 @@ class AsyncEngine:
         try:
             # Chat templates and long documents take milliseconds to tokenize: not on the loop.
             token_ids = await loop.run_in_executor(None, engine.tokenize, prompt, tools)
-            if params.structured is not None:
-                # Compiling a grammar takes up to a second: here, so the step loop finds it.
-                await loop.run_in_executor(None, engine.structured.compile, params)
+            # Compiling a grammar takes up to a second: here, so the step loop finds it.
+            await self.compile_constraint(params)
             self._commands.put(_Add(request_id, token_ids, params, priority, arrival))
             submitted = True
             STEP_THREAD.wake()

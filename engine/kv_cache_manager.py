@@ -37,6 +37,11 @@ class KVCacheManager(KVManager):
         return self._pool.num_used_blocks
 
     @property
+    def num_cached_blocks(self) -> int:
+        """Free blocks that still hold a cached prefix."""
+        return self._pool.num_cached_blocks
+
+    @property
     def num_shared_tokens(self) -> int:
         """Tokens of shared blocks beyond their first holder (shared blocks are full)."""
         return self._pool.num_extra_refs * self._block_size

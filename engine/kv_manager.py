@@ -76,6 +76,11 @@ class KVManager(abc.ABC):
         return self._num_blocks - self.num_used_blocks
 
     @property
+    def num_cached_blocks(self) -> int:
+        """Free blocks that still hold a cached prefix (none without prefix caching)."""
+        return 0
+
+    @property
     def usage(self) -> float:
         """Used blocks over all blocks, 0 to 1."""
         return self.num_used_blocks / self._num_blocks

@@ -15,11 +15,12 @@ from .config import EngineConfig, KVLayout
 from .contiguous_kv_cache_manager import ContiguousKVCacheManager
 from .detokenizer import Detokenizer
 from .errors import EngineDeadError, RequestRejected
+from .info import EngineInfo
 from .kv_cache_manager import KVCacheManager
 from .kv_pool import plan_kv_pool
 from .loader import LoadedModel, load_model
 from .metrics import EngineState, MetricsRecorder, MetricsSnapshot
-from .model_runner import ModelRunner, config_kv_dtype
+from .model_runner import ModelRunner, config_kv_dtype, kv_bytes_per_block
 from .outputs import RequestOutput, RequestTiming, StepTrace
 from .scheduler import Scheduler
 from .sequence import FinishReason, Priority, SamplingParams, Sequence
@@ -66,20 +67,20 @@ class LLMEngine:
         self.scheduler = Scheduler(
             config.scheduler_config(self.max_model_len), self.kv_manager, clock=clock
         )
-        self.runner = ModelRunner(
-            loaded,
-            num_blocks,
-            config.block_size,
-            config.attention_backend,
-            kv_dtype=config_kv_dtype(config, loaded),
-        )
         self.structured = StructuredOutput(
             loaded.tokenizer,
             int(loaded.model.config.vocab_size),
             loaded.eos_token_ids,
             config.json_bounds,
         )
-        self.runner.structured = self.structured
+        self.runner = ModelRunner(
+            loaded,
+            num_blocks,
+            config.block_size,
+            config.attention_backend,
+            kv_dtype=config_kv_dtype(config, loaded),
+            structured=self.structured,
+        )
         self.recorder = MetricsRecorder()
         self._detokenizers: dict[str, Detokenizer] = {}
         self._next_id = 0
@@ -97,6 +98,24 @@ class LLMEngine:
     def num_kv_blocks(self) -> int:
         """Blocks in the KV pool."""
         return self.kv_manager.num_blocks
+
+    def info(self) -> EngineInfo:
+        """The model, the pool and the limits, as hosts may read them."""
+        loaded, runner, block_size = self.loaded, self.runner, self.config.block_size
+        return EngineInfo(
+            model=loaded.name,
+            device=str(loaded.device),
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            weights=loaded.weights,
+            attention=runner.attention_text,
+            kv_cache=runner.kv_cache_text,
+            forward=runner.forward_text,
+            block_size=block_size,
+            block_bytes=kv_bytes_per_block(loaded.model.config, block_size, runner.kv_dtype),
+            num_kv_blocks=self.num_kv_blocks,
+            max_model_len=self.max_model_len,
+            eos_token_ids=tuple(loaded.eos_token_ids),
+        )
 
     def tokenize(self, prompt: Prompt, tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids for plain text, chat messages (through the chat template) or ids as given."""
@@ -307,6 +326,7 @@ class LLMEngine:
             timestamp=now,
             kv_blocks_used=kv.num_used_blocks,
             kv_blocks_total=kv.num_blocks,
+            kv_blocks_cached=kv.num_cached_blocks,
             kv_cache_usage_perc=kv.usage,
             kv_live_tokens=kv.num_live_tokens,
             kv_allocated_slots=kv.num_allocated_slots,

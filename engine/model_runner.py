@@ -162,11 +162,13 @@ class ModelRunner:
         block_size: int,
         backend: str | None = None,
         kv_dtype: torch.dtype | None = None,
+        structured: StructuredOutput | None = None,
     ) -> None:
         """Allocate the pool (zeroed, so padding never reads NaN) and switch attention over.
 
         ``kv_dtype``: what the pool holds, config_kv_dtype(config, loaded) for an engine;
-        None keeps the model's dtype.
+        None keeps the model's dtype. ``structured`` masks constrained requests' logits
+        (None: no masking).
         """
         self.loaded = loaded
         self.model = loaded.model
@@ -203,8 +205,7 @@ class ModelRunner:
         if self.native is not None:
             self.attention_text = "C kernels in place (decodes in spans, prompt rows in tiles)"
         self.sampler = Sampler(self.device)
-        # Grammar masks for constrained requests; the engine sets it (None: no masking).
-        self.structured: StructuredOutput | None = None
+        self.structured = structured
         # Seconds the last step spent in the model's forward pass (benchmarks read it).
         self.last_forward_s = 0.0
 

@@ -65,6 +65,8 @@ class MetricsSnapshot:
     # and what the engine is doing (the last step read prompt tokens, or only decoded).
     prompt_throughput: float = 0.0
     engine_state: EngineState = EngineState.UNLOADED
+    # Free blocks that still hold a cached prefix: reclaimable, but a later hit.
+    kv_blocks_cached: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -7,7 +7,7 @@ import enum
 import importlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from paged_llm.protocol.errors import ApiError
 
@@ -45,11 +45,10 @@ class EngineHost:
         started = time.monotonic()
         try:
             # Importing torch takes seconds: in a thread, so /health answers meanwhile.
-            module = await asyncio.get_running_loop().run_in_executor(
-                None, importlib.import_module, "paged_llm.engine.async_engine"
+            frontend = await asyncio.get_running_loop().run_in_executor(
+                None, importlib.import_module, "paged_llm.engine.frontend"
             )
-            engine: AsyncEngine = module.AsyncEngine(self.config)
-            await engine.start()
+            engine: AsyncEngine = await frontend.start_engine(self.config)
         except Exception as err:
             _LOGGER.exception("Could not start the engine for %s", self.config.model)
             self.error, self.state = err, HostState.FAILED
@@ -57,22 +56,22 @@ class EngineHost:
         self._engine = engine
         if self.state is HostState.LOADING:
             self.state = HostState.READY
+        info = engine.info
         _LOGGER.info(
             "Model %s ready in %.1f s: %d KV blocks of %d tokens, context %d",
             self.model_name,
             time.monotonic() - started,
-            self.engine.engine.num_kv_blocks,
-            self.config.block_size,
-            self.max_model_len,
+            info.num_kv_blocks,
+            info.block_size,
+            info.max_model_len,
         )
-        llm_engine = self.engine.engine
         # What the engine made of the model, for a reader comparing runs or systems.
         _LOGGER.info(
             "Weights: %s; attention: %s; %s; %s",
-            llm_engine.loaded.weights,
-            llm_engine.runner.attention_text,
-            llm_engine.runner.kv_cache_text,
-            llm_engine.runner.forward_text,
+            info.weights,
+            info.attention,
+            info.kv_cache,
+            info.forward,
         )
 
     async def stop(self) -> None:
@@ -111,27 +110,13 @@ class EngineHost:
     @property
     def max_model_len(self) -> int:
         """The model's usable context in tokens."""
-        return self.engine.engine.max_model_len
+        return self.engine.info.max_model_len
 
     @property
     def max_request_tokens(self) -> int:
         """The most tokens one request can hold: the context, or the whole pool if smaller."""
-        llm = self.engine.engine
-        return min(llm.max_model_len, llm.num_kv_blocks * self.config.block_size)
+        return self.engine.info.max_request_tokens
 
     def metrics(self) -> MetricsSnapshot | None:
         """The engine's latest snapshot, or None while none is running."""
         return self._engine.metrics() if self._engine is not None else None
-
-    def cached_blocks(self) -> int:
-        """Free blocks that still hold a cached prefix (0 without prefix caching)."""
-        from paged_llm.engine.errors import EngineDeadError
-
-        if self._engine is None:
-            return 0
-        try:
-            manager: Any = self._engine.engine.kv_manager
-        except EngineDeadError:
-            return 0
-        # A plain int read from the engine thread's pool: at worst one step old.
-        return int(getattr(getattr(manager, "pool", None), "num_cached_blocks", 0))

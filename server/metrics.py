@@ -73,7 +73,7 @@ class _SnapshotCollector(Collector):
         yield gauge(
             names.KV_BLOCKS_CACHED,
             "Free KV blocks still holding a cached prefix.",
-            self._host.cached_blocks(),
+            snap.kv_blocks_cached,
         )
         yield gauge(
             names.GENERATION_THROUGHPUT,

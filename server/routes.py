@@ -90,9 +90,9 @@ async def _prepare(
     """Checks shared by both endpoints: model, readiness, prompt tokens, sampling."""
     host = request.app[HOST]
     _check_model(host, body.model)
-    host.engine  # noqa: B018  # 503 while loading, before any work
+    engine = host.engine  # a 503 while loading, before any work
     ids = await tokenize(host, body)
-    template = getattr(host.engine.engine.tokenizer, "chat_template", None)
+    template = getattr(engine.tokenizer, "chat_template", None)
     params = sampling_params(body, len(ids), host.max_request_tokens, default_max, template)
     return host, ids, params
 

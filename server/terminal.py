@@ -34,15 +34,14 @@ def _status(text: str) -> None:
 
 async def _start(config: EngineConfig) -> AsyncEngine:
     """Load the model, showing the seconds it takes."""
-    from paged_llm.engine.async_engine import AsyncEngine
+    from paged_llm.engine.frontend import start_engine
 
-    engine = AsyncEngine(config)
     started = time.monotonic()
-    task = asyncio.create_task(engine.start())
+    task = asyncio.create_task(start_engine(config))
     while not task.done():
         _status(f"loading {config.model} … {time.monotonic() - started:.0f} s")
         await asyncio.wait({task}, timeout=1.0)
-    task.result()
+    engine = task.result()
     _status(f"loaded {config.model} in {time.monotonic() - started:.1f} s")
     print(file=sys.stderr) if sys.stderr.isatty() else None
     return engine
@@ -50,9 +49,9 @@ async def _start(config: EngineConfig) -> AsyncEngine:
 
 async def _answer(engine: AsyncEngine, messages: list[dict[str, Any]], args: Any) -> str:
     """Stream one answer to stdout and return it."""
-    from paged_llm.engine.sequence import SamplingParams
+    from paged_llm.engine.frontend import sampling_params
 
-    params = SamplingParams(
+    params = sampling_params(
         temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
     )
     parts = []
@@ -97,12 +96,12 @@ def _fmt(value: float | None) -> str:
 
 async def generate(config: EngineConfig, args: argparse.Namespace) -> int:
     """Run ``--concurrency`` prompts at once; print each answer's first line and the metrics."""
-    from paged_llm.engine.sequence import SamplingParams
+    from paged_llm.engine.frontend import sampling_params
 
     if args.concurrency < 1:
         raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
     engine = await _start(config)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+    params = sampling_params(temperature=args.temperature, max_tokens=args.max_tokens)
     answers: list[str] = [""] * args.concurrency
     done = 0
     peak_running = peak_blocks = 0

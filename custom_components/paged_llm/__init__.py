@@ -104,23 +104,22 @@ async def _async_start_embedded(hass: HomeAssistant, entry: PagedLLMConfigEntry)
         return pending
     if pending is not None:
         await pending.async_close()
-    engine = module.AsyncEngine(config)
     try:
-        await engine.start()
+        engine = await module.start_engine(config)
     except Exception as err:
-        await engine.stop()
         error = ConfigEntryNotReady if is_transient_load_error(err) else ConfigEntryError
         raise error(
             translation_domain=DOMAIN,
             translation_key=load_error_key(err),
             translation_placeholders={"reason": str(err)},
         ) from err
+    info = engine.info
     LOGGER.debug(
         "Engine for %s running: %d KV blocks of %d tokens, context %d tokens",
         config.model,
-        engine.engine.num_kv_blocks,
-        config.block_size,
-        engine.engine.max_model_len,
+        info.num_kv_blocks,
+        info.block_size,
+        info.max_model_len,
     )
     return EmbeddedBackend(engine, idle_unload_s=idle_s)
 

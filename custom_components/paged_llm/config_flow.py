@@ -276,20 +276,14 @@ def chosen_settings(entry: PagedLLMConfigEntry) -> dict[str, str]:
         return unknown
     if not data.backend.engine.is_running:
         return unknown
-    llm_engine = data.backend.engine.engine
-    loaded = llm_engine.loaded
-    key_cache = llm_engine.runner.kv_caches[0][0]
-    # K and V of every layer, for one block; a full sequence needs ceil(context / size).
-    block_bytes = 2 * len(llm_engine.runner.kv_caches) * key_cache[0].nbytes
-    block_size = llm_engine.config.block_size
-    blocks_per_sequence = -(-llm_engine.max_model_len // block_size)
+    info = data.backend.engine.info
     return {
-        "device": str(loaded.device),
-        "dtype": str(loaded.dtype).removeprefix("torch."),
-        "weights": str(loaded.weights),
-        "context": str(llm_engine.max_model_len),
-        "blocks": f"{llm_engine.num_kv_blocks} × {block_size}",
-        "sequence_mib": f"{blocks_per_sequence * block_bytes / 2**20:.1f}",
+        "device": info.device,
+        "dtype": info.dtype,
+        "weights": info.weights,
+        "context": str(info.max_model_len),
+        "blocks": f"{info.num_kv_blocks} × {info.block_size}",
+        "sequence_mib": f"{info.blocks_per_sequence * info.block_bytes / 2**20:.1f}",
     }
 
 
@@ -571,19 +565,14 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
     async def _async_start_engine(self) -> EmbeddedBackend:
         """Load the model and size the KV pool exactly as the entry will (the test)."""
         module = await async_import_engine(self.hass)
-        engine = module.AsyncEngine(engine_config(self.hass, self._data))
+        config = engine_config(self.hass, self._data)
         loop = self.hass.loop
 
         def report(fraction: float) -> None:
             """Show a conversion's progress in the dialog (called from a worker thread)."""
             loop.call_soon_threadsafe(self.async_update_progress, fraction)
 
-        try:
-            await engine.start(report)
-        except BaseException:
-            await engine.stop()
-            raise
-        return EmbeddedBackend(engine)
+        return EmbeddedBackend(await module.start_engine(config, report))
 
     async def async_step_load(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
         """Load the model in the background while the user waits on a progress step."""

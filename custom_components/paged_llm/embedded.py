@@ -42,11 +42,12 @@ if TYPE_CHECKING:
     from paged_llm.engine.errors import EngineError
     from paged_llm.engine.sequence import SamplingParams
 
-# Rejections caused by what the caller asked for, as opposed to the engine's state.
-_CALLER_REJECTIONS = frozenset(
-    {"empty_prompt", "context_too_long", "exceeds_kv_pool", "invalid_token"}
+# Rejections with a translation of their own; any other is "rejected", naming its code.
+_KNOWN_REJECTIONS = frozenset(
+    {"empty_prompt", "context_too_long", "exceeds_kv_pool", "invalid_token", "queue_full"}
 )
-_KNOWN_REJECTIONS = _CALLER_REJECTIONS | {"queue_full"}
+# Failed starts with a translation of their own (the engine errors' codes).
+_LOAD_ERROR_KEYS = frozenset({"kv_budget_too_small", "unsupported_model", "model_load_failed"})
 
 
 class TorchUnavailableError(Exception):
@@ -68,7 +69,7 @@ def import_engine_module() -> ModuleType:
     except (ImportError, OSError) as err:
         raise TorchUnavailableError(str(err)) from err
     try:
-        return importlib.import_module("paged_llm.engine.async_engine")
+        return importlib.import_module("paged_llm.engine.frontend")
     except (ImportError, OSError) as err:
         raise EngineImportError(str(err)) from err
 
@@ -114,15 +115,9 @@ def load_error_key(err: BaseException) -> str:
         return "torch_unavailable"
     if isinstance(err, EngineImportError):
         return "engine_unavailable"
-    # By name: the engine's modules need torch, which a failed import may lack.
-    names = {cls.__name__ for cls in type(err).__mro__}
-    if "KVBudgetError" in names:
-        return "kv_budget_too_small"
-    if "UnsupportedModelError" in names:
-        return "unsupported_model"
-    if "ModelLoadError" in names:
-        return "model_load_failed"
-    return "engine_start_failed"
+    # The engine errors' code, read without importing the engine (a failed import lacks it).
+    code = getattr(err, "code", None)
+    return code if code in _LOAD_ERROR_KEYS else "engine_start_failed"
 
 
 def is_transient_load_error(err: BaseException) -> bool:
@@ -139,27 +134,18 @@ def is_transient_load_error(err: BaseException) -> bool:
 
 def backend_error(err: EngineError, restart: bool = False) -> BackendError:
     """The seam's error for an error the engine raised on a request."""
-    from paged_llm.engine.errors import (
-        EngineDeadError,
-        InvalidArgument,
-        InvalidSamplingParams,
-        RequestRejected,
-    )
+    from paged_llm.engine.errors import RequestRejected
+    from paged_llm.engine.frontend import error_info
 
-    reason = str(err)
+    info = error_info(err)
     if isinstance(err, RequestRejected):
-        key = f"rejected_{err.code}" if err.code in _KNOWN_REJECTIONS else "rejected"
-        return BackendError(
-            key, reason, caller=err.code in _CALLER_REJECTIONS, placeholders={"code": err.code}
-        )
-    if isinstance(err, InvalidSamplingParams):
-        return BackendError("invalid_sampling_params", reason, caller=True)
-    if isinstance(err, InvalidArgument):
-        # A malformed request (a prompt or tool of the wrong form): the caller's to fix.
-        return BackendError("invalid_argument", reason, caller=True)
-    if isinstance(err, EngineDeadError):
-        return BackendError("engine_dead", reason, restart=restart)
-    return BackendError("generation_failed", reason)
+        key = f"rejected_{info.code}" if info.code in _KNOWN_REJECTIONS else "rejected"
+        return BackendError(key, info.message, caller=info.caller, placeholders={"code": info.code})
+    if info.code in ("invalid_sampling_params", "invalid_argument"):
+        return BackendError(info.code, info.message, caller=True)
+    if info.code == "engine_dead":
+        return BackendError("engine_dead", info.message, restart=restart)
+    return BackendError("generation_failed", info.message)
 
 
 class EmbeddedBackend:
@@ -186,13 +172,11 @@ class EmbeddedBackend:
         async with self._lock:
             if not self.unloaded:
                 return
-            from paged_llm.engine.async_engine import AsyncEngine
+            from paged_llm.engine.frontend import start_engine
 
-            engine = AsyncEngine(self.engine.config)
             try:
-                await engine.start()
+                engine = await start_engine(self.engine.config)
             except Exception as err:
-                await engine.stop()
                 raise BackendError(load_error_key(err), str(err)) from err
             self.engine, self.unloaded = engine, False
             for callback in self._subscribers:
@@ -245,7 +229,7 @@ class EmbeddedBackend:
         from paged_llm.engine.errors import EngineDeadError
 
         try:
-            return self.engine.engine.tokenizer
+            return self.engine.tokenizer
         except EngineDeadError as err:
             raise backend_error(err) from err
 
@@ -257,13 +241,12 @@ class EmbeddedBackend:
     @property
     def context_size(self) -> int:
         """The engine's context length."""
-        return int(self.engine.engine.max_model_len)
+        return self.engine.info.max_model_len
 
     @property
     def kv_pool_tokens(self) -> int:
         """Tokens the engine's KV pool holds."""
-        engine = self.engine.engine
-        return int(engine.num_kv_blocks * engine.config.block_size)
+        return self.engine.info.pool_tokens
 
     async def async_count_tokens(self, text: str) -> int:
         """Tokens in ``text`` by the model's tokenizer (off the event loop)."""
@@ -309,18 +292,18 @@ class EmbeddedBackend:
     ) -> AsyncIterator[Delta]:
         """One request on the loaded engine."""
         from paged_llm.engine.errors import EngineDeadError, EngineError
-        from paged_llm.engine.sequence import SamplingParams
+        from paged_llm.engine.frontend import sampling_params
 
         templated = chat_template(self._tokenizer()) is not None
         prompt: str | list[dict[str, Any]] = (
             [dict(m) for m in messages] if templated else render_plain([dict(m) for m in messages])
         )
         try:
-            params = SamplingParams(
+            params = sampling_params(
+                max_tokens=sampling.max_tokens,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
-                max_tokens=sampling.max_tokens,
                 seed=sampling.seed,
                 stop=() if templated else PLAIN_STOP,
                 repetition_penalty=sampling.repetition_penalty,
@@ -348,27 +331,22 @@ class EmbeddedBackend:
         is then generated freely (and an AI task's answer is still checked).
         """
         from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
-        from paged_llm.engine.tool_grammar import (
-            detect_tool_call_format,
-            tool_call_structural_tag,
-        )
+        from paged_llm.engine.frontend import Constraint
 
         response_format = sampling.response_format or {}
-        constraint: dict[str, Any] = {}
         if response_format.get("type") == "json_schema":
-            constraint["json_schema"] = response_format["json_schema"]["schema"]
+            constraint = Constraint(json_schema=response_format["json_schema"]["schema"])
         elif response_format.get("type") == "json_object":
-            constraint["json_object"] = True
+            constraint = Constraint(json_object=True)
         elif sampling.tool_grammar:
-            # A template that knows no tools gets the Hermes instructions in the prompt.
-            template = chat_template(self._tokenizer()) if self.native_tools else None
-            style = detect_tool_call_format(template)
-            constraint["structural_tag"] = tool_call_structural_tag(sampling.tool_grammar, style)
-        if not constraint:
+            constraint = Constraint(tools=sampling.tool_grammar)
+        else:
             return params
+        # A template that knows no tools gets the Hermes instructions in the prompt.
+        template = chat_template(self._tokenizer()) if self.native_tools else None
         try:
-            constrained = dataclasses.replace(params, **constraint)
-            await self._executor(self.engine.engine.structured.compile, constrained)
+            constrained = dataclasses.replace(params, **constraint.fields(template))
+            await self.engine.compile_constraint(constrained)
         except (InvalidSamplingParams, RequestRejected, ValueError) as err:
             LOGGER.warning("Decoding is not constrained: %s", err)
             return params
@@ -415,21 +393,7 @@ class EmbeddedBackend:
         Exact only when the running engine already has the model on the same device and
         dtype; otherwise the check is left to the restart.
         """
-        from paged_llm.engine.errors import EngineDeadError
-        from paged_llm.engine.kv_pool import plan_kv_pool
-        from paged_llm.engine.loader import resolve_device, resolve_dtype
-
-        try:
-            loaded = self.engine.engine.loaded
-        except EngineDeadError:
-            return
-        if loaded.model is None:
-            return
-        device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, device, config.weights)
-        if device != loaded.device or dtype != loaded.dtype:
-            return
-        plan_kv_pool(config, loaded)
+        self.engine.check_config(config)
 
     def diagnostics(self) -> dict[str, Any]:
         """The engine's settings, model, KV pool and latest metrics."""
@@ -450,22 +414,21 @@ class EmbeddedBackend:
             },
         }
         try:
-            llm_engine = engine.engine
+            info = engine.info
         except EngineDeadError:
             return figures
-        loaded = llm_engine.loaded
         figures.update(
             {
-                "model": loaded.name,
-                "device": str(loaded.device),
-                "dtype": str(loaded.dtype),
-                "weights": loaded.weights,
-                "attention": llm_engine.runner.attention_text,
-                "forward": llm_engine.runner.forward_text,
-                "max_model_len": llm_engine.max_model_len,
-                "num_kv_blocks": llm_engine.num_kv_blocks,
-                "block_size": config.block_size,
-                "eos_token_ids": list(loaded.eos_token_ids),
+                "model": info.model,
+                "device": info.device,
+                "dtype": info.dtype,
+                "weights": info.weights,
+                "attention": info.attention,
+                "forward": info.forward,
+                "max_model_len": info.max_model_len,
+                "num_kv_blocks": info.num_kv_blocks,
+                "block_size": info.block_size,
+                "eos_token_ids": list(info.eos_token_ids),
             }
         )
         return figures

@@ -48,7 +48,7 @@ async def test_concurrent_streams_complete_and_free_their_blocks() -> None:
         # Chat messages went through the chat template: more tokens than the text alone.
         assert results[1][-1].prompt_tokens > 5
         await asyncio.sleep(0.05)
-        assert engine.engine.kv_manager.num_used_blocks == 0
+        assert engine._llm.kv_manager.num_used_blocks == 0
     finally:
         await engine.stop()
 
@@ -59,9 +59,9 @@ async def test_leaving_the_stream_aborts_and_frees() -> None:
         params = SamplingParams(max_tokens=500, ignore_eos=True)
         async for _ in engine.generate("Tell me a long story", params):
             break
-        await becomes_true(lambda: not engine.engine.has_unfinished(), 2.0)
-        assert not engine.engine.has_unfinished()
-        assert engine.engine.kv_manager.num_used_blocks == 0
+        await becomes_true(lambda: not engine._llm.has_unfinished(), 2.0)
+        assert not engine._llm.has_unfinished()
+        assert engine._llm.kv_manager.num_used_blocks == 0
     finally:
         await engine.stop()
 
@@ -76,8 +76,8 @@ async def test_cancelling_the_task_aborts_and_frees() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await becomes_true(lambda: not engine.engine.has_unfinished(), 2.0)
-        assert engine.engine.kv_manager.num_used_blocks == 0
+        await becomes_true(lambda: not engine._llm.has_unfinished(), 2.0)
+        assert engine._llm.kv_manager.num_used_blocks == 0
     finally:
         await engine.stop()
 
@@ -109,7 +109,7 @@ async def test_a_crash_fails_pending_requests_and_marks_the_engine_failed() -> N
     def explode(*args: object, **kwargs: object) -> None:
         raise boom
 
-    engine.engine.runner.execute = explode  # type: ignore[method-assign]
+    engine._llm.runner.execute = explode  # type: ignore[method-assign]
     with pytest.raises(EngineDeadError, match="simulated device fault"):
         await asyncio.wait_for(collect(engine, "hi", SamplingParams(max_tokens=4)), 10)
     assert engine.error is boom
@@ -191,8 +191,8 @@ async def test_fifty_streams_half_cancelled_and_the_loop_stays_responsive() -> N
         for outs in results[1::2]:
             assert not isinstance(outs, BaseException), outs
             assert outs[-1].completion_tokens == 24
-        await becomes_true(lambda: not engine.engine.has_unfinished(), 2.0)
-        assert engine.engine.kv_manager.num_used_blocks == 0
+        await becomes_true(lambda: not engine._llm.has_unfinished(), 2.0)
+        assert engine._llm.kv_manager.num_used_blocks == 0
         assert max(lags) < 0.05, f"event loop lag {max(lags) * 1000:.0f} ms"
     finally:
         # A failed assertion must not leave the engine thread running into later tests.
@@ -237,13 +237,13 @@ async def test_engines_step_on_one_thread_after_their_loaders_ended(
         assert not any(thread.is_alive() for thread in loaders)
         steppers: set[threading.Thread] = set()
         for engine in engines:
-            step = engine.engine.step
+            step = engine._llm.step
 
             def traced_step(step: Callable[[], object] = step) -> object:
                 steppers.add(threading.current_thread())
                 return step()
 
-            monkeypatch.setattr(engine.engine, "step", traced_step)
+            monkeypatch.setattr(engine._llm, "step", traced_step)
         params = SamplingParams(max_tokens=4, ignore_eos=True)
         await asyncio.gather(*(collect(engine, "Hi", params) for engine in engines))
         assert [thread.name for thread in steppers] == ["paged-llm-engine"]
@@ -327,7 +327,7 @@ async def test_an_announced_voice_holds_the_step_budget_on_the_engine_thread() -
     """expect_interactive reaches the idle engine's scheduler at once and lapses after the hold."""
     engine = await started(interactive_hold_seconds=0.3)
     try:
-        sched = engine.engine.scheduler
+        sched = engine._llm.scheduler
         assert not sched.step_budget_held()
         engine.expect_interactive()
         assert await becomes_true(sched.step_budget_held, 2.0), "the engine never took it"
@@ -361,8 +361,8 @@ async def test_a_duplicate_id_is_refused_and_the_first_request_finishes_whatever
             assert results[0][-1].finish_reason is FinishReason.LENGTH
             assert isinstance(results[1], RequestRejected), results[1]
             assert results[1].code == "duplicate_id"
-        await becomes_true(lambda: engine.engine.kv_manager.num_used_blocks == 0, 2.0)
-        assert engine.engine.kv_manager.num_used_blocks == 0
+        await becomes_true(lambda: engine._llm.kv_manager.num_used_blocks == 0, 2.0)
+        assert engine._llm.kv_manager.num_used_blocks == 0
     finally:
         await engine.stop()
 

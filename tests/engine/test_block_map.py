@@ -115,7 +115,7 @@ def test_ten_thousand_blocks_take_well_under_a_frame() -> None:
         for i in range(100)
     ]
     best = min(_timed(kv, seqs) for _ in range(20))
-    # The target is 2 ms (scripts/bench_block_map.py); a loaded test machine gets slack.
+    # The target is 2 ms (benchmarks/block_map.py); a loaded test machine gets slack.
     assert best < 0.02
 
 
@@ -148,12 +148,12 @@ async def test_async_engine_hands_over_a_map_while_requests_run() -> None:
                 break
             await asyncio.sleep(0.01)
         assert busy is not None
-        assert busy.used + busy.cached + busy.free == engine.engine.num_kv_blocks
+        assert busy.used + busy.cached + busy.free == engine.info.num_kv_blocks
         assert busy.num_requests_running >= 1
         await asyncio.gather(*tasks)
         idle = await engine.block_map()
         assert idle.used == 0
-        assert idle.cached + idle.free == engine.engine.num_kv_blocks
+        assert idle.cached + idle.free == engine.info.num_kv_blocks
         assert idle.cached > 0  # the finished prompts' full blocks stay for reuse
     finally:
         await engine.stop()

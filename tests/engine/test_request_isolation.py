@@ -103,7 +103,7 @@ async def started(**overrides: Any) -> AsyncEngine:
 async def _idle(engine: AsyncEngine) -> None:
     """Wait until the engine thread has nothing left (aborts are applied asynchronously)."""
     for _ in range(200):
-        if not engine.engine.has_unfinished():
+        if not engine._llm.has_unfinished():
             return
         await asyncio.sleep(0.02)
     raise AssertionError("the engine did not go idle")
@@ -124,7 +124,7 @@ async def test_abort_while_streaming_ends_the_stream_at_once() -> None:
         assert outs[-1].finish_reason is FinishReason.ABORT
         assert outs[-1].completion_tokens == 3
         await _idle(engine)
-        assert engine.engine.kv_manager.num_used_blocks == 0
+        assert engine._llm.kv_manager.num_used_blocks == 0
         assert engine.is_running
     finally:
         await engine.stop()
@@ -160,7 +160,7 @@ async def test_requests_after_stop_get_an_engine_stopped_error() -> None:
 async def test_bad_requests_among_twenty_good_ones_fail_alone() -> None:
     engine = await started(max_num_seqs=32)
     try:
-        _fail_for(engine.engine, "faulty", "sampler fault")
+        _fail_for(engine._llm, "faulty", "sampler fault")
         params = SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)
 
         async def run(i: int) -> Any:
@@ -179,7 +179,7 @@ async def test_bad_requests_among_twenty_good_ones_fail_alone() -> None:
         assert all(outs[-1].completion_tokens == 12 for outs in results)
         assert engine.is_running
         await _idle(engine)
-        assert engine.engine.kv_manager.num_used_blocks == 0
+        assert engine._llm.kv_manager.num_used_blocks == 0
     finally:
         await engine.stop()
 
@@ -248,7 +248,7 @@ async def test_every_bad_input_names_its_argument_and_the_engine_serves_on() -> 
         assert outs[-1].completion_tokens == 6
         assert engine.is_running
         await _idle(engine)
-        assert engine.engine.kv_manager.num_used_blocks == 0
+        assert engine._llm.kv_manager.num_used_blocks == 0
     finally:
         await engine.stop()
 

@@ -93,7 +93,7 @@ async def test_snapshots_arrive_while_requests_run_and_match_the_engine(
             final = _check_map(event)
             break
     assert final is not None
-    kv = engine.engine.kv_manager
+    kv = engine._llm.kv_manager
     assert final["used"] == kv.num_used_blocks == 0
     assert final["cached"] + final["free"] == kv.num_free_blocks == kv.num_blocks
     assert final["cached"] > 0  # the finished prompts' full blocks wait for reuse
@@ -125,7 +125,7 @@ async def test_pushes_stop_when_unsubscribed(
             if msg["type"] == "result":
                 assert msg["success"], msg
                 break
-        assert engine.engine.has_unfinished()
+        assert engine._llm.has_unfinished()
         try:
             msg = await client.receive_json(timeout=1.5)
         except TimeoutError:

@@ -136,5 +136,5 @@ async def test_mixed_load_completes_in_priority_order(
     # The shared system prompt is found in the prefix cache after the first request.
     assert float(hass.states.get(SENSORS["prefix_hit_rate"]).state) > 0
     assert hass.states.get(SENSORS["kv_blocks_used"]).attributes["kv_blocks_total"] == (
-        entry.runtime_data.backend.engine.engine.num_kv_blocks
+        entry.runtime_data.backend.engine.info.num_kv_blocks
     )

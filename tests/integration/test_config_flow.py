@@ -225,7 +225,7 @@ async def test_reconfigure_restarts_engine_with_new_kv_budget(
 ) -> None:
     entry = init_integration
     old_engine = entry.runtime_data.backend.engine
-    old_blocks = old_engine.engine.num_kv_blocks
+    old_blocks = old_engine.info.num_kv_blocks
 
     result = await entry.start_reconfigure_flow(hass)
     assert result["type"] is FlowResultType.FORM
@@ -254,10 +254,10 @@ async def test_reconfigure_restarts_engine_with_new_kv_budget(
     assert not old_engine.is_running
     assert new_engine.is_running
     # Twice the budget, and a float16 KV cache (auto, under quantized weights): 4x blocks.
-    assert new_engine.engine.num_kv_blocks == 4 * old_blocks
+    assert new_engine.info.num_kv_blocks == 4 * old_blocks
     assert new_engine.config.max_num_seqs == 8
     # The weights choice reaches the loader: the linear layers are 8-bit now.
-    assert new_engine.engine.loaded.weights.startswith("q8 (")
+    assert new_engine._llm.loaded.weights.startswith("q8 (")
 
 
 async def test_reconfigure_rejects_settings_the_model_cannot_hold(

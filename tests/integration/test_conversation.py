@@ -166,8 +166,15 @@ class _StandInEngine:
         self.is_running = True
 
     @property
-    def engine(self) -> Any:
-        return self.real.engine
+    def tokenizer(self) -> Any:
+        return self.real.tokenizer
+
+    @property
+    def info(self) -> Any:
+        return self.real.info
+
+    async def compile_constraint(self, params: Any) -> None:
+        await self.real.compile_constraint(params)
 
     async def generate(
         self, prompt: Any, params: Any, priority: Any, *, tools: Any = None
@@ -272,7 +279,7 @@ async def test_tools_go_through_a_chat_template_that_knows_them(
     )
     await hass.async_block_till_done()
     engine = entry.runtime_data.backend.engine
-    tokenizer = engine.engine.tokenizer
+    tokenizer = engine.tokenizer
     original = tokenizer.chat_template
     calls: list[tuple[Any, Any]] = []
     real_generate = engine.generate
@@ -298,9 +305,7 @@ async def test_tools_go_through_a_chat_template_that_knows_them(
         assert tools[0]["function"]["name"] == "get_weather"
         assert tools[0]["function"]["parameters"]["required"] == ["city"]
         assert "<tools>" not in prompt[0]["content"]
-        rendered = tokenizer.decode(
-            await hass.async_add_executor_job(engine.engine.tokenize, prompt, tools)
-        )
+        rendered = tokenizer.decode(await engine.tokenize(prompt, tools))
         assert '"name": "get_weather"' in rendered
     finally:
         tokenizer.chat_template = original

@@ -33,7 +33,7 @@ async def test_reconfigure_says_what_the_engine_chose(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
     entry = init_integration
-    llm_engine = entry.runtime_data.backend.engine.engine
+    llm_engine = entry.runtime_data.backend.engine._llm
     result = await entry.start_reconfigure_flow(hass)
     assert result["type"] is FlowResultType.FORM
     chosen = result["description_placeholders"]

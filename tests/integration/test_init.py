@@ -69,8 +69,8 @@ async def test_unload_and_reload_five_times_leaves_nothing_behind(
     for cycle in range(5):
         engine = mock_config_entry.runtime_data.backend.engine
         engines.append(weakref.ref(engine))
-        pools.append(weakref.ref(engine.engine.runner.kv_caches[0][0]))
-        models.append(weakref.ref(engine.engine.loaded.model))
+        pools.append(weakref.ref(engine._llm.runner.kv_caches[0][0]))
+        models.append(weakref.ref(engine._llm.loaded.model))
         response = await hass.services.async_call(
             "paged_llm",
             "generate",

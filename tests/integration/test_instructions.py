@@ -41,8 +41,8 @@ async def _rendered_prompt(hass: HomeAssistant, entry: MockConfigEntry, text: st
             hass, text, None, Context(), agent_id=_conversation_entity_id(hass, entry)
         )
     prompt, tools = seen[0]
-    ids = await hass.async_add_executor_job(engine.engine.tokenize, prompt, tools)
-    return str(engine.engine.tokenizer.decode(ids))
+    ids = await engine.tokenize(prompt, tools)
+    return str(engine.tokenizer.decode(ids))
 
 
 async def test_bundled_template_gets_the_time_and_the_no_control_sentence(
@@ -68,7 +68,7 @@ async def test_tool_template_with_an_api_gets_the_time_but_not_the_no_control_se
         entry, subentry, data={**subentry.data, CONF_LLM_HASS_API: ["weather_api"]}
     )
     await hass.async_block_till_done()
-    tokenizer = entry.runtime_data.backend.engine.engine.tokenizer
+    tokenizer = entry.runtime_data.backend.engine.tokenizer
     original = tokenizer.chat_template
     tokenizer.chat_template = TOOL_TEMPLATE
     try:

@@ -16,7 +16,7 @@ async def test_a_listening_satellite_holds_the_engines_step_budget(
     hass: HomeAssistant, init_integration: MockConfigEntry
 ) -> None:
     await hass.async_block_till_done()
-    scheduler = init_integration.runtime_data.backend.engine.engine.scheduler
+    scheduler = init_integration.runtime_data.backend.engine._llm.scheduler
     # A short hold, so the warm-up query's own hold has passed and each check is quick.
     scheduler.config.interactive_hold_seconds = HOLD_S
     await asyncio.sleep(HOLD_S + 0.1)

@@ -169,10 +169,10 @@ async def test_diagnostics_hold_settings_figures_and_versions_but_no_prompts(
     engine = diagnostics["engine"]
     assert engine["is_running"] is True
     assert engine["device"] == "cpu"
-    assert engine["dtype"] == "torch.float32"
+    assert engine["dtype"] == "float32"
     # auto keeps a model folder's weights dense: only a GGUF file's 4-bit ones stay 4-bit.
     assert engine["weights"] == "float"
-    llm_engine = init_integration.runtime_data.backend.engine.engine
+    llm_engine = init_integration.runtime_data.backend.engine._llm
     # How decode attention runs: a user without a C compiler sees why it is slower.
     assert engine["attention"] == llm_engine.runner.attention_text
     assert engine["attention"].startswith(("C kernel in place", "torch ("))

@@ -91,7 +91,7 @@ async def test_summarize_chunks_a_text_beyond_the_context(
     assert await hass.config_entries.async_setup(mock_config_entry.entry_id)
     await hass.async_block_till_done()
     try:
-        assert mock_config_entry.runtime_data.backend.engine.engine.max_model_len == 512
+        assert mock_config_entry.runtime_data.backend.engine.info.max_model_len == 512
         response = await _call(hass, "summarize", {"text": make_long_text(1500), "max_tokens": 8})
         assert response["summary"]
         assert response["chunks"] >= 3

@@ -27,7 +27,7 @@ async def test_voice_is_never_queued_behind_a_summary_larger_than_the_pool(
 ) -> None:
     entry = init_integration
     engine = entry.runtime_data.backend.engine
-    llm_engine = engine.engine
+    llm_engine = engine._llm
     kv = llm_engine.kv_manager
     pool_tokens = kv.num_blocks * kv.block_size
     assert pool_tokens == 2048

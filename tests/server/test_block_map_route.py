@@ -34,7 +34,7 @@ async def test_block_map_follows_requests_and_needs_the_key(
         assert response.status == 200
         idle = BlockMap.from_dict(await response.json())
         assert idle.used == 0
-        assert idle.num_blocks == host.engine.engine.num_kv_blocks
+        assert idle.num_blocks == host.engine.info.num_kv_blocks
 
         body = {"prompt": "the hall light " * 40, "max_tokens": 64, "ignore_eos": True}
         request = asyncio.create_task(client.post("/v1/completions", json=body, headers=headers))

@@ -31,7 +31,7 @@ async def test_an_announcement_holds_the_budget_and_needs_the_key(
     await host.start()
     client = TestClient(TestServer(make_app(host, ServerSettings(api_key="secret"))))
     await client.start_server()
-    scheduler = host.engine.engine.scheduler
+    scheduler = host.engine._llm.scheduler
     try:
         response = await client.post("/expect_interactive")
         assert response.status == 401
