@@ -11,8 +11,8 @@ import statistics
 import sys
 import time
 
-from paged_llm.engine.block_map import BlockMap, take_block_map
-from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.kv.block_map import BlockMap, take_block_map
+from paged_llm.engine.kv.paged import KVCacheManager
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence, SequenceStatus
 
 from . import argument_parser

@@ -14,8 +14,8 @@ from typing import Any
 
 from paged_llm.engine.async_engine import AsyncEngine
 from paged_llm.engine.config import KVLayout, SchedulerConfig
-from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
-from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.kv.paged import KVCacheManager
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import LoadedModel
 from paged_llm.engine.model_runner import config_kv_dtype, kv_bytes_per_block

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 
 from paged_llm.engine.config import SchedulerConfig
-from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
-from paged_llm.engine.kv_cache_manager import KVCacheManager
-from paged_llm.engine.kv_manager import KVManager
+from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.kv.manager import KVManager
+from paged_llm.engine.kv.paged import KVCacheManager
 from paged_llm.engine.scheduler import Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.utils import cdiv

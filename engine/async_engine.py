@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .block_map import BlockMap, take_block_map
 from .config import EngineConfig
 from .errors import EngineDeadError, RequestRejected
 from .info import EngineInfo
-from .kv_pool import plan_kv_pool
+from .kv.block_map import BlockMap, take_block_map
+from .kv.sizing import plan_kv_pool
 from .llm_engine import LLMEngine, Prompt
 from .loader import LoadedModel, load_model, resolve_device, resolve_dtype
 from .metrics import EngineState, MetricsSnapshot

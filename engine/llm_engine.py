@@ -12,12 +12,12 @@ from typing import Any
 import torch
 
 from .config import EngineConfig, KVLayout
-from .contiguous_kv_cache_manager import ContiguousKVCacheManager
 from .detokenizer import Detokenizer
 from .errors import EngineDeadError, RequestRejected
 from .info import EngineInfo
-from .kv_cache_manager import KVCacheManager
-from .kv_pool import plan_kv_pool
+from .kv.contiguous import ContiguousKVCacheManager
+from .kv.paged import KVCacheManager
+from .kv.sizing import plan_kv_pool
 from .loader import LoadedModel, load_model
 from .metrics import EngineState, MetricsRecorder, MetricsSnapshot
 from .model_runner import ModelRunner, config_kv_dtype, kv_bytes_per_block

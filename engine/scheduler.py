@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from .config import SchedulerConfig, StepPolicy
 from .errors import RequestRejected
-from .kv_manager import NO_HITS, ComputedBlocks, KVManager
+from .kv.manager import NO_HITS, ComputedBlocks, KVManager
 from .request_queue import RequestQueue, Ticket
 from .sequence import FinishReason, Priority, Sequence, SequenceStatus
 from .step_cost import StepCostModel, StepShape

@@ -121,6 +121,7 @@ def test_wheel_holds_only_the_namespaced_packages(wheel: Path) -> None:
     assert any(n == "paged_llm/protocol/tool_calls.py" for n in code)
     assert any(n == "paged_llm/client/openai.py" for n in code)
     assert any(n == "paged_llm/protocol/snapshot.py" for n in code)
+    assert any(n == "paged_llm/engine/kv/block_pool.py" for n in code)
     top = ("paged_llm/__init__.py", "paged_llm/__main__.py")
     assert set(top) <= set(code)
     parts = ("client", "engine", "kernels", "protocol", "server")

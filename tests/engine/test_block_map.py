@@ -9,10 +9,10 @@ import time
 import pytest
 
 from paged_llm.engine.async_engine import AsyncEngine
-from paged_llm.engine.block_map import SHARED, BlockMap, BlockState, take_block_map
-from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
 from paged_llm.engine.errors import EngineDeadError
-from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.kv.block_map import SHARED, BlockMap, BlockState, take_block_map
+from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.kv.paged import KVCacheManager
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence, SequenceStatus
 
 from support import make_loaded

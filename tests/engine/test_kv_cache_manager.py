@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
-from paged_llm.engine.kv_cache_manager import KVCacheManager
-from paged_llm.engine.kv_manager import KVManager
+from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.kv.manager import KVManager
+from paged_llm.engine.kv.paged import KVCacheManager
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.utils import cdiv
 

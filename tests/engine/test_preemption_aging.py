@@ -6,7 +6,7 @@ import pytest
 
 from paged_llm.engine.config import SchedulerConfig
 from paged_llm.engine.errors import RequestRejected
-from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.kv.paged import KVCacheManager
 from paged_llm.engine.scheduler import Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 

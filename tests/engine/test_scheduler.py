@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from paged_llm.engine.block_pool import ROOT_HASH, hash_block
 from paged_llm.engine.config import SchedulerConfig
-from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
 from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
-from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.kv.block_pool import ROOT_HASH, hash_block
+from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.kv.paged import KVCacheManager
 from paged_llm.engine.scheduler import Scheduler, SchedulerOutput
 from paged_llm.engine.sequence import (
     FinishReason,

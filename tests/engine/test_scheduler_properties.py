@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from paged_llm.engine.config import SchedulerConfig
-from paged_llm.engine.contiguous_kv_cache_manager import ContiguousKVCacheManager
 from paged_llm.engine.errors import RequestRejected
-from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.kv.paged import KVCacheManager
 from paged_llm.engine.scheduler import Scheduler, SchedulerOutput
 from paged_llm.engine.sequence import (
     FinishReason,

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from paged_llm.engine.config import SchedulerConfig
-from paged_llm.engine.kv_cache_manager import KVCacheManager
+from paged_llm.engine.kv.paged import KVCacheManager
 from paged_llm.engine.scheduler import Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.step_cost import ATTENTION_UNIT, StepCostModel, StepShape

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import bisect
 
-from .kv_manager import NO_HITS, ComputedBlocks, KVManager
-from .sequence import Sequence
-from .utils import cdiv
+from ..sequence import Sequence
+from ..utils import cdiv
+from .manager import NO_HITS, ComputedBlocks, KVManager
 
 RESERVE_MODES = ("request", "max_model_len")
 

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..sequence import Priority, Sequence
 from .block_pool import BlockPool
-from .sequence import Priority, Sequence
 
 # Bit 3 of a cell: more than one sequence holds the block (a shared prompt prefix).
 SHARED = 0x08

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from .config import EngineConfig
-from .errors import KVBudgetError
-from .loader import LoadedModel
-from .memory import available_memory
-from .model_runner import config_kv_dtype, kv_bytes_per_block
-from .utils import cdiv
+from ..config import EngineConfig
+from ..errors import KVBudgetError
+from ..loader import LoadedModel
+from ..memory import available_memory
+from ..model_runner import config_kv_dtype, kv_bytes_per_block
+from ..utils import cdiv
 
 # With max_model_len unset, a pool smaller than this many tokens is an error at start.
 AUTO_MIN_MODEL_LEN = 2048

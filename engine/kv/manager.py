@@ -12,8 +12,8 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-from .sequence import Sequence
-from .utils import cdiv
+from ..sequence import Sequence
+from ..utils import cdiv
 
 
 @dataclass(slots=True)

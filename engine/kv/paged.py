@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ..sequence import Priority, Sequence
+from ..utils import cdiv
 from .block_pool import ROOT_HASH, BlockHash, BlockPool, hash_block
-from .kv_manager import NO_HITS, ComputedBlocks, KVManager
-from .sequence import Priority, Sequence
-from .utils import cdiv
+from .manager import NO_HITS, ComputedBlocks, KVManager
 
 
 class KVCacheManager(KVManager):
