@@ -103,8 +103,9 @@ class GGUFEmbedding(torch.nn.Module):
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """The embeddings of ``ids``, for any shape of ids."""
-        rows = self.matrix.rows(ids.reshape(-1))
+        """The embeddings of ``ids`` (int64 or int32, as torch.nn.Embedding takes), any shape."""
+        # transformers' continuous batching passes int32 ids; the kernel reads int64.
+        rows = self.matrix.rows(ids.reshape(-1).to(torch.int64))
         return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

@@ -132,6 +132,10 @@ def test_a_q4_k_m_style_mix_with_an_untied_head_and_biases(tmp_path: Path) -> No
     assert isinstance(head, GGUFLinear)
     assert isinstance(embed, GGUFEmbedding)
     assert head.matrix is not embed.matrix  # untied: two matrices
+    # int32 ids, as transformers' continuous batching passes them, read the same rows.
+    ids = torch.tensor([[3, 0, 7], [5, 5, 1]])
+    assert torch.equal(embed(ids.to(torch.int32)), embed(ids))
+    assert embed(ids).shape == (2, 3, embed.embedding_dim)
     q = fast.model.model.layers[0].self_attn.q_proj
     assert q.bias is not None
     assert gguf_kernels.type_name(q.matrix.type_id) == "Q4_K"
