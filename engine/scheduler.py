@@ -78,33 +78,14 @@ class _Step:
 class Scheduler:
     """Builds each step's batch under a token budget, a sequence limit and a time budget.
 
-    Each step: every running sequence that decodes gets its token, then running prefills
-    and waiting sequences get prefill chunks in queue order (effective class, then
-    arrival; see :mod:`.request_queue` for aging, which never lifts other work above
-    interactive). Memory: a share of the pool (``interactive_kv_reserve``) is left free
-    for interactive requests. When blocks or seats run out, a victim is preempted
-    (recompute): the running sequence of the lowest base class, most recently started.
-    A waiting sequence may only preempt a sequence of a strictly lower base class; a
-    running one may also preempt its equals or itself. Time: under the latency policy,
-    while interactive work runs, waits or is announced (:meth:`hold_step_budget`), and
-    ``interactive_hold_seconds`` after, other classes' prefill chunks are cut to fit a step
-    budget (:meth:`_budget`: the measured time of interactive requests' own first steps,
-    within ``interactive_step_seconds``) as predicted by a :class:`StepCostModel` learned
-    from the time between ``schedule`` and ``update`` of earlier steps (the first such
-    chunk of each class still gets one block, so other work never starves and an aged
-    summary's prefill cannot hold automations out). A step in which interactive prefill
-    waits (running or queued) is theirs alone: other classes' decodes and prefills sit it
-    out, so a voice query's first token costs about what it costs on an idle engine
-    (should the interactive request not start after all, the others lose that one step).
-    Such focus steps in a row stop once they have lasted ``interactive_step_seconds``: then
-    everyone runs one step. While interactive requests decode, the others' decodes and
-    prefill chunks share those steps only within ``interactive_slowdown`` of the
-    interactive decodes' own predicted time, on average (:meth:`_share`), so a voice
-    answer decodes near its idle speed. Admission looks the prefix up once
-    (``get_computed_blocks``), then ``allocate_slots`` takes it or fails; a waiting
-    sequence that cannot start ends admissions for its base class and those below for the
-    step (no overtaking within a class); higher classes may pass it for a bounded time
-    (:meth:`_passing`).
+    Running decodes first, then prefill chunks in queue order (:mod:`.request_queue`); a
+    share of the pool kept for interactive requests; preemption by recompute of the lowest
+    class, most recently started; no overtaking within a class (:meth:`_passing` bounds
+    it across classes); and the latency policy: step budgets from a :class:`StepCostModel`
+    (:meth:`_budget`), focus steps for a voice query's prefill, others' work beside voice
+    decodes within ``interactive_slowdown`` (:meth:`_share`), a hold after voice or an
+    announcement (:meth:`hold_step_budget`). docs/design.md ("The scheduler") gives each
+    rule's reason and what it measured.
     """
 
     def __init__(
