@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from paged_llm.kernels import PagedAttentionInputs, paged_attention, resolve_backend
+from paged_llm.kernels import AttentionCall, PagedAttentionInputs, paged_attention, resolve_backend
 
 from . import argument_parser
 
@@ -129,13 +129,16 @@ def paged_call(
     step: Step, shape: Shape, backend: str, splits: int | None = None
 ) -> Callable[[], object]:
     """The paged kernel on this step; splits forces the Triton launcher's split count."""
-    args = (step.query, step.key_cache, step.value_cache, step.inputs, shape.head_dim**-0.5)
     out = torch.empty_like(step.query)
+    # Built once, outside the timed call, as the engine builds one per layer before calling.
+    call = AttentionCall(
+        step.query, step.key_cache, step.value_cache, step.inputs, shape.head_dim**-0.5, out=out
+    )
     if splits is None:
-        return lambda: paged_attention(*args, out=out, backend=backend)
+        return lambda: paged_attention(call, backend=backend)
     from paged_llm.kernels import triton_attention
 
-    return lambda: triton_attention.paged_attention(*args, out=out, num_kv_splits=splits)
+    return lambda: triton_attention.paged_attention(call, num_kv_splits=splits)
 
 
 def sdpa_baseline(step: Step, shape: Shape, case: Case) -> Callable[[], object]:

@@ -10,7 +10,13 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 
-from paged_llm.kernels import PagedAttentionInputs, paged_attention, resolve_backend, store_kv
+from paged_llm.kernels import (
+    AttentionCall,
+    PagedAttentionInputs,
+    paged_attention,
+    resolve_backend,
+    store_kv,
+)
 
 from .config import KV_CACHE_DTYPES, EngineConfig
 from .loader import LoadedModel
@@ -29,8 +35,9 @@ _METADATA_KWARG = "paged_llm_metadata"
 class AttentionMetadata:
     """What every attention layer needs for one packed step: the kernels' inputs and the pool.
 
-    ``inputs`` (block tables, lengths, the step's plan cache) is what paged_attention takes;
-    the slot mapping (only store_kv reads it), the pool and the backend are the runner's.
+    ``inputs`` (block tables, lengths, the step's plan cache) goes, the same object, into
+    each layer's AttentionCall; the slot mapping (only store_kv reads it), the pool and the
+    backend are the runner's.
     """
 
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
@@ -74,7 +81,9 @@ def paged_attention_forward(
     # config.layer_types) and Gemma 2's attn_logit_softcapping as these kwargs.
     window = kwargs.get("sliding_window")
     softcap = kwargs.get("softcap")
-    out = paged_attention(
+    # One small object per layer (under a microsecond to build): the step's one inputs
+    # with this layer's tensors and options.
+    call = AttentionCall(
         q,
         key_cache,
         value_cache,
@@ -82,8 +91,8 @@ def paged_attention_forward(
         scale,
         sliding_window=int(window) if window is not None else None,
         softcap=float(softcap) if softcap is not None else None,
-        backend=meta.backend,
     )
+    out = paged_attention(call, backend=meta.backend)
     return out.unsqueeze(0), None
 
 

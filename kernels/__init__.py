@@ -1,10 +1,11 @@
 """Paged-KV kernels: store new K/V into the block pool and attend over it (Triton or torch).
 
 A step's attention metadata travels as one PagedAttentionInputs (inputs.py), built once per
-step and handed to every layer's paged_attention call. Dispatch lives in dispatch.py: CUDA
-tensors use Triton, CPU tensors the torch reference, unless a backend is forced per call
-(`backend=`), process-wide (`set_backend`, `use_backend`) or through
-$PAGED_LLM_ATTENTION_BACKEND. Triton is imported only when used.
+step; each layer hands paged_attention one AttentionCall holding it with that layer's
+queries, caches and options. Dispatch lives in dispatch.py: CUDA tensors use Triton, CPU
+tensors the torch reference, unless a backend is forced per call (`backend=`),
+process-wide (`set_backend`, `use_backend`) or through $PAGED_LLM_ATTENTION_BACKEND.
+Triton is imported only when used.
 """
 
 from paged_llm.protocol.requirements import require_engine_extra
@@ -21,12 +22,13 @@ from paged_llm.kernels.dispatch import (  # noqa: E402
     store_kv,
     use_backend,
 )
-from paged_llm.kernels.inputs import PagedAttentionInputs  # noqa: E402
+from paged_llm.kernels.inputs import AttentionCall, PagedAttentionInputs  # noqa: E402
 from paged_llm.kernels.triton_support import triton_import_error  # noqa: E402
 
 __all__ = [
     "BACKENDS",
     "BACKEND_ENV_VAR",
+    "AttentionCall",
     "PagedAttentionInputs",
     "get_backend",
     "paged_attention",

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from paged_llm.kernels.inputs import AttentionCall
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -50,16 +52,11 @@ def check_store_args(
     _same_device(key, value, key_cache, value_cache, slot_mapping)
 
 
-def check_attention_args(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    out: torch.Tensor | None,
-) -> None:
-    """Check shapes, dtypes and devices of a paged_attention call (host-side metadata only)."""
+def check_attention_args(call: AttentionCall) -> None:
+    """Check a paged_attention call's shapes, dtypes, devices, window and soft-cap (host side)."""
+    query, key_cache, value_cache, out = call.query, call.key_cache, call.value_cache, call.out
+    block_tables = call.inputs.block_tables
+    context_lens, query_start_loc = call.inputs.context_lens, call.inputs.query_start_loc
     if query.dim() != 3:
         _fail(f"query must be [num_tokens, num_heads, head_dim], got {tuple(query.shape)}")
     if query.dtype not in SUPPORTED_DTYPES:
@@ -100,9 +97,10 @@ def check_attention_args(
         )
     tensors = [query, key_cache, value_cache, block_tables, context_lens, query_start_loc]
     _same_device(*tensors, *([out] if out is not None else []))
+    _check_score_args(call.sliding_window, call.softcap)
 
 
-def check_score_args(sliding_window: object, softcap: object) -> None:
+def _check_score_args(sliding_window: object, softcap: object) -> None:
     """A window is a positive integer and a soft-cap a positive finite number, or None."""
     if sliding_window is not None and (
         isinstance(sliding_window, bool)

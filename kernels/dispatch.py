@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -13,8 +14,8 @@ from typing import Literal
 import torch
 
 from paged_llm.kernels import reference
-from paged_llm.kernels.checks import check_attention_args, check_score_args, check_store_args
-from paged_llm.kernels.inputs import AttentionFn, PagedAttentionInputs, PlanCache
+from paged_llm.kernels.checks import check_attention_args, check_store_args
+from paged_llm.kernels.inputs import AttentionCall, AttentionFn, PlanCache
 from paged_llm.kernels.triton_support import triton_import_error
 
 BACKENDS = ("auto", "torch", "triton")
@@ -88,64 +89,32 @@ def store_kv(
         reference.store_kv(key, value, key_cache, value_cache, slot_mapping, plan_cache=plan_cache)
 
 
-def paged_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    inputs: PagedAttentionInputs,
-    scale: float,
-    *,
-    out: torch.Tensor | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    backend: str | None = None,
-) -> torch.Tensor:
+def paged_attention(call: AttentionCall, *, backend: str | None = None) -> torch.Tensor:
     """Causal GQA attention of a packed step's queries over their sequences' paged K/V.
 
-    ``inputs``: the step's metadata, one object for all its layers (inputs.py).
-    ``sliding_window`` (a layer's window, as transformers passes it) limits each query to
-    keys less than that many positions back; ``softcap`` caps scaled scores through tanh.
+    ``call``: one layer's queries, caches, scale, window and soft-cap, with the step's
+    metadata (inputs.py). ``backend`` overrides the default for this call.
     """
-    name = resolve_backend(query.device, backend)
-    key_check, value_check = _caches_to_check(query, key_cache, value_cache, name)
-    check_attention_args(
-        query,
-        key_check,
-        value_check,
-        inputs.block_tables,
-        inputs.context_lens,
-        inputs.query_start_loc,
-        out,
-    )
-    check_score_args(sliding_window, softcap)
-    # Annotated with the Protocol, so mypy holds both backends to the one signature.
+    name = resolve_backend(call.query.device, backend)
+    check_attention_args(_call_to_check(call, name))
+    # Annotated with the alias, so mypy holds both backends to the one AttentionCall.
     run: AttentionFn
     if name == "triton":
-        _, triton_attention = _triton_modules(query.device)
+        _, triton_attention = _triton_modules(call.query.device)
         run = triton_attention.paged_attention
     else:
         run = reference.paged_attention
-    return run(
-        query,
-        key_cache,
-        value_cache,
-        inputs,
-        scale,
-        out=out,
-        sliding_window=sliding_window,
-        softcap=softcap,
-    )
+    return run(call)
 
 
-def _caches_to_check(
-    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, backend: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The caches for check_attention_args, which wants them in the queries' dtype.
+def _call_to_check(call: AttentionCall, backend: str) -> AttentionCall:
+    """The call for check_attention_args, which wants the caches in the queries' dtype.
 
     The torch path also reads a 16-bit pool (both caches float16, or both bfloat16) under
     float32 queries, widening what it reads; such a pair is checked, for shape and device,
     as zero-byte stand-ins of the queries' dtype. Triton reads only the queries' dtype.
     """
+    query, key_cache, value_cache = call.query, call.key_cache, call.value_cache
     narrow = key_cache.dtype
     if (
         backend == "torch"
@@ -154,8 +123,12 @@ def _caches_to_check(
         and value_cache.dtype == narrow
     ):
         stand_in = torch.empty((), dtype=query.dtype, device=key_cache.device)
-        return stand_in.expand(key_cache.shape), stand_in.expand(value_cache.shape)
-    return key_cache, value_cache
+        return dataclasses.replace(
+            call,
+            key_cache=stand_in.expand(key_cache.shape),
+            value_cache=stand_in.expand(value_cache.shape),
+        )
+    return call
 
 
 def _validated(name: str, source: str) -> str:

@@ -1,12 +1,15 @@
-"""One packed step's attention metadata, and the paged_attention signature built around it.
+"""One packed step's attention metadata, and one layer's attention call built around it.
 
 A step's metadata (block tables, lengths, where each sequence's queries start) is the same
 in every layer, so the caller builds one ``PagedAttentionInputs`` per step and hands the
-same object to each layer's call. What differs from layer to layer stays plain parameters
-of ``paged_attention``: the queries, that layer's key/value caches, its scale, sliding
-window and soft-cap. transformers passes those per call (Gemma 2 alternates windowed and
-full layers), and bundling them would build an object per layer per step on the CPU
-decode path, where a step's Python overhead is measured in microseconds.
+same object to each layer. What differs from layer to layer (the queries, that layer's
+key/value caches, its scale, sliding window and soft-cap; Gemma 2 alternates windowed and
+full layers) goes with it into one ``AttentionCall`` per layer, which is the single
+argument every paged_attention backend takes: the signature is written once, here, and
+``AttentionFn`` holds each backend to it. That costs one small object per layer per step
+(under a microsecond to build), and only on transformers' forward, whose layers already
+spend far longer in Python and framework calls: the CPU's C forward (cpu_forward.py) runs
+a step's layers, attention included, in native code and never builds one.
 
 The step's plan cache rides with the metadata it was worked out from: the torch path's
 plans (slots, layout, decode chunks) hold for exactly these tables and lengths, so tying
@@ -15,8 +18,8 @@ the two together means a cache can never be reused with another step's tables.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
@@ -49,20 +52,28 @@ class PagedAttentionInputs:
     plan_cache: PlanCache | None = field(default=None, repr=False)
 
 
-class AttentionFn(Protocol):
-    """The paged_attention signature every backend implements (dispatch adds ``backend``)."""
+@dataclass(frozen=True, slots=True, eq=False)
+class AttentionCall:
+    """One layer's paged attention in a packed step: what every backend's paged_attention takes.
 
-    def __call__(
-        self,
-        query: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        inputs: PagedAttentionInputs,
-        scale: float,
-        *,
-        out: torch.Tensor | None = None,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-    ) -> torch.Tensor:
-        """Attend; see dispatch.paged_attention."""
-        ...
+    ``query`` [num_tokens, num_heads, head_dim] holds the step's packed queries;
+    ``key_cache`` and ``value_cache`` [num_blocks, block_size, num_kv_heads, head_dim] are
+    this layer's pool; ``inputs`` is the step's metadata, the same object in every layer.
+    ``sliding_window`` (a layer's window, as transformers passes it) limits each query to
+    keys less than that many positions back; ``softcap`` caps the scaled scores at
+    +-softcap through tanh. ``out``: where to write the result (None: a new tensor).
+    """
+
+    # eq=False: tensors do not compare to a bool, so a call is equal only to itself.
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    inputs: PagedAttentionInputs
+    scale: float
+    sliding_window: int | None = None
+    softcap: float | None = None
+    out: torch.Tensor | None = None
+
+
+# The paged_attention every backend implements (dispatch and Triton add keyword options).
+AttentionFn = Callable[[AttentionCall], torch.Tensor]

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from paged_llm.kernels import cpu_attention
-from paged_llm.kernels.inputs import PagedAttentionInputs, PlanCache
+from paged_llm.kernels.inputs import AttentionCall, PlanCache
 
 # Bytes of gathered keys per decode chunk: 2-4 MiB measured fastest on a 2-core Zen 4 VM.
 DECODE_CHUNK_BYTES = 2 << 20
@@ -72,26 +72,17 @@ class _StorePlan:
         return _StorePlan(keep, slots // block_size, slots % block_size)
 
 
-def paged_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    inputs: PagedAttentionInputs,
-    scale: float,
-    *,
-    out: torch.Tensor | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-) -> torch.Tensor:
+def paged_attention(call: AttentionCall) -> torch.Tensor:
     """Attend each packed query over its own sequence's paged K/V, causally, with GQA.
 
-    ``sliding_window`` limits each query to the last that many positions (itself included);
-    ``softcap`` caps the scaled scores at +-softcap through tanh. ``inputs.plan_cache``,
-    shared by the layers of one step, has the decode plan worked out once per step. The
-    exact per-sequence lengths are read on the host, so inputs' maxima go unused here.
+    ``call.inputs.plan_cache``, shared by the layers of one step, has the decode plan worked
+    out once per step. The exact per-sequence lengths are read on the host, so the inputs'
+    maxima go unused here.
     """
-    if out is None:
-        out = torch.empty_like(query)
+    query, inputs, scale = call.query, call.inputs, call.scale
+    key_cache, value_cache = call.key_cache, call.value_cache
+    sliding_window, softcap = call.sliding_window, call.softcap
+    out = torch.empty_like(query) if call.out is None else call.out
     plan_cache, block_tables = inputs.plan_cache, inputs.block_tables
     layout = plan_cache.get("layout") if plan_cache is not None else None
     if layout is None:

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_llm.kernels.inputs import AttentionFn, PagedAttentionInputs
+from paged_llm.kernels.inputs import AttentionCall, AttentionFn
 from paged_llm.kernels.triton_config import choose_num_splits, tile_shape
 from paged_llm.kernels.triton_support import is_interpreted, next_power_of_2
 
@@ -210,24 +210,14 @@ def _merge_kernel(
 INTERPRETED: bool = is_interpreted(_attention_kernel)
 
 
-def paged_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    inputs: PagedAttentionInputs,
-    scale: float,
-    *,
-    out: torch.Tensor | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    num_kv_splits: int | None = None,
-) -> torch.Tensor:
+def paged_attention(call: AttentionCall, *, num_kv_splits: int | None = None) -> torch.Tensor:
     """Paged attention for a packed step; num_kv_splits forces the split-KV path (None: auto).
 
-    ``sliding_window`` keeps keys less than that many positions behind each query;
-    ``softcap`` caps the scaled scores at +-softcap through tanh. inputs.plan_cache is not
-    read: the kernel reads the tables on the device.
+    ``call.inputs.plan_cache`` is not read: the kernel reads the tables on the device.
     """
+    query, inputs, scale = call.query, call.inputs, call.scale
+    key_cache, value_cache = call.key_cache, call.value_cache
+    sliding_window, softcap, out = call.sliding_window, call.softcap, call.out
     max_query_len, max_context_len = inputs.max_query_len, inputs.max_context_len
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -333,5 +323,5 @@ def paged_attention(
 
 
 # Dispatch reaches this module through an import it cannot type, so mypy checks here that the
-# kernel keeps the one paged_attention signature (inputs.AttentionFn).
+# kernel takes the one AttentionCall (inputs.AttentionFn).
 _SIGNATURE: AttentionFn = paged_attention

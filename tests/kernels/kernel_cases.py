@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from paged_llm.kernels import PagedAttentionInputs
+from paged_llm.kernels import AttentionCall, PagedAttentionInputs
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 
@@ -21,9 +23,10 @@ class Step:
     inputs: PagedAttentionInputs
     scale: float
 
-    def args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedAttentionInputs, float]:
-        """Positional arguments of paged_attention."""
-        return (self.query, self.key_cache, self.value_cache, self.inputs, self.scale)
+    def call(self, **overrides: Any) -> AttentionCall:
+        """This step as one paged_attention call; overrides set its other fields (out, ...)."""
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return AttentionCall(**(fields | overrides))
 
     def nan_out(self) -> torch.Tensor:
         """An output buffer full of NaN, so any element a kernel forgets to write fails."""

@@ -46,10 +46,10 @@ def in_pool(step: Step, kv_dtype: torch.dtype) -> Step:
 
 def _both(step: Step, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
     """The same step on the C kernel and on the torch path."""
-    native = reference.paged_attention(*step.args(), **kwargs)
+    native = reference.paged_attention(step.call(**kwargs))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cpu_attention, "takes", lambda *args: False)
-        torch_path = reference.paged_attention(*step.args(), **kwargs)
+        torch_path = reference.paged_attention(step.call(**kwargs))
     return native, torch_path
 
 
@@ -78,7 +78,7 @@ def test_a_strided_output_keeps_the_prefill_rows(kv_dtype: torch.dtype) -> None:
     step = in_pool(CONFIGS[0].step(mixed_seqs(16), seed=13), kv_dtype)
     tokens, heads, dim = step.query.shape
     out = torch.full((heads, tokens, dim), float("nan")).transpose(0, 1)
-    result = reference.paged_attention(*step.args(), out=out)
+    result = reference.paged_attention(step.call(out=out))
     assert result is out
     assert rel_err(out, oracle(step)) < TOLERANCE[torch.float32]
 
@@ -120,7 +120,7 @@ def test_without_the_kernel_the_torch_path_runs(
     monkeypatch.setattr(cpu_attention._LIBRARY, "_state", (None, "no C compiler here"))
     step = in_pool(CONFIGS[0].step(LONG, seed=15), kv_dtype)
     assert not cpu_attention.takes(step.query, step.key_cache, step.value_cache)
-    result = reference.paged_attention(*step.args())
+    result = reference.paged_attention(step.call())
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]
 
 
@@ -131,7 +131,7 @@ def test_a_block_outside_the_pool_is_refused_before_anything_is_read(
     step.inputs.block_tables[1, 5] = step.key_cache.shape[0]  # one past the pool's last block
     out = step.nan_out()
     with pytest.raises(IndexError, match=r"outside the pool of \d+ blocks"):
-        reference.paged_attention(*step.args(), out=out)
+        reference.paged_attention(step.call(out=out))
     assert bool(out.isnan().all())
 
 
@@ -139,7 +139,7 @@ def test_a_sequence_gets_the_same_bits_alone_or_beside_others(kv_dtype: torch.dt
     # Its spans and their merge do not depend on the other sequences of the step, so an
     # answer does not change with the load.
     step = in_pool(CONFIGS[0].step([(300, 1), (1100, 1), (40, 1)], seed=17), kv_dtype)
-    together = reference.paged_attention(*step.args())
+    together = reference.paged_attention(step.call())
     inputs = step.inputs
     one = PagedAttentionInputs(
         inputs.block_tables[1:2],
@@ -148,9 +148,7 @@ def test_a_sequence_gets_the_same_bits_alone_or_beside_others(kv_dtype: torch.dt
         max_query_len=1,
         max_context_len=1100,
     )
-    alone = reference.paged_attention(
-        step.query[1:2], step.key_cache, step.value_cache, one, step.scale
-    )
+    alone = reference.paged_attention(step.call(query=step.query[1:2], inputs=one))
     assert torch.equal(together[1:2], alone)
 
 
@@ -162,7 +160,7 @@ def test_the_bound_sees_the_pools_rounding(kv: torch.dtype) -> None:
     # pool's, such as the float32 ones it came from.
     step = CONFIGS[0].step(LONG, seed=18)
     pool = in_pool(step, kv)
-    native = reference.paged_attention(*pool.args())
+    native = reference.paged_attention(pool.call())
     assert rel_err(native, oracle(pool)) < TOLERANCE[torch.float32]
     assert rel_err(oracle(pool), oracle(step)) > 2 * TOLERANCE[torch.float32]
 
@@ -172,7 +170,7 @@ def test_dispatch_takes_a_16_bit_pool_under_float32_queries_on_the_torch_path_on
     kv: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     step = in_pool(CONFIGS[0].step(mixed_seqs(16), seed=19), kv)
-    result = dispatch.paged_attention(*step.args(), backend="torch")
+    result = dispatch.paged_attention(step.call(), backend="torch")
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]
     # Other mixes stay refused, naming the dtypes.
     other = torch.bfloat16 if kv == torch.float16 else torch.float16
@@ -180,8 +178,8 @@ def test_dispatch_takes_a_16_bit_pool_under_float32_queries_on_the_torch_path_on
     for query, values in pairs:
         mixed = dataclasses.replace(step, query=query, value_cache=values)
         with pytest.raises(ValueError, match="must have query's dtype"):
-            dispatch.paged_attention(*mixed.args(), backend="torch")
+            dispatch.paged_attention(mixed.call(), backend="torch")
     # Triton reads the queries' dtype only: the same call is refused before it runs.
     monkeypatch.setattr(dispatch, "resolve_backend", lambda *args: "triton")
     with pytest.raises(ValueError, match="must have query's dtype"):
-        dispatch.paged_attention(*step.args())
+        dispatch.paged_attention(step.call())

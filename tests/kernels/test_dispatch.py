@@ -55,9 +55,8 @@ def _step() -> Any:
     )
 
 
-def _attend(**kwargs: Any) -> torch.Tensor:
-    step = _step()
-    return kernels.paged_attention(*step.args(), **kwargs)
+def _attend(backend: str | None = None) -> torch.Tensor:
+    return kernels.paged_attention(_step().call(), backend=backend)
 
 
 def test_auto_sends_cpu_to_torch_and_cuda_to_triton() -> None:
@@ -80,10 +79,10 @@ def test_forcing_triton_per_call_runs_the_kernels(monkeypatch: pytest.MonkeyPatc
     store_calls = _spy(monkeypatch, triton_store, "store_kv")
     step = _step()
     out = step.nan_out()
-    result = kernels.paged_attention(*step.args(), out=out, backend="triton")
+    result = kernels.paged_attention(step.call(out=out), backend="triton")
     assert result is out
     assert attention_calls == ["paged_attention"]
-    expected = kernels.paged_attention(*step.args(), backend="torch")
+    expected = kernels.paged_attention(step.call(), backend="torch")
     assert rel_err(result, expected) < TOLERANCE[torch.float32]
     kv = torch.ones(1, 1, 64)
     kernels.store_kv(kv, kv, step.key_cache, step.value_cache, torch.tensor([3]), backend="triton")
@@ -171,14 +170,9 @@ def test_bad_attention_arguments_fail_clearly(
     inputs = dataclasses.replace(
         step.inputs, **{k: v for k, v in changed.items() if k in INPUT_FIELDS}
     )
-    layer = {
-        "query": step.query,
-        "key_cache": step.key_cache,
-        "value_cache": step.value_cache,
-        "out": None,
-    } | {k: v for k, v in changed.items() if k not in INPUT_FIELDS}
+    layer = {k: v for k, v in changed.items() if k not in INPUT_FIELDS}
     with pytest.raises(ValueError, match=message):
-        kernels.paged_attention(**layer, inputs=inputs, scale=1.0)
+        kernels.paged_attention(step.call(inputs=inputs, scale=1.0, **layer))
 
 
 def test_bad_store_arguments_fail_clearly() -> None:

@@ -29,7 +29,7 @@ CONFIGS = [
 def test_mixed_step_matches_float64(config: AttentionConfig) -> None:
     step = config.step(mixed_seqs(config.block_size), seed=1)
     out = step.nan_out()
-    result = reference.paged_attention(*step.args(), out=out)
+    result = reference.paged_attention(step.call(out=out))
     assert result is out
     assert result.dtype == config.dtype
     assert rel_err(result, oracle(step)) < TOLERANCE[config.dtype]
@@ -49,7 +49,7 @@ def test_decode_chunks_match_float64(dtype: torch.dtype, monkeypatch: pytest.Mon
         dtype=dtype,
         seed=7,
     )
-    result = reference.paged_attention(*step.args(), out=step.nan_out())
+    result = reference.paged_attention(step.call(out=step.nan_out()))
     assert rel_err(result, oracle(step)) < TOLERANCE[dtype]
 
 
@@ -66,7 +66,7 @@ def test_prefill_chunks_at_every_offset_match_float64_with_int64_metadata() -> N
         seed=3,
         index_dtype=torch.int64,
     )
-    result = reference.paged_attention(*step.args(), out=step.nan_out())
+    result = reference.paged_attention(step.call(out=step.nan_out()))
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]
 
 
@@ -80,6 +80,6 @@ def test_allocates_output_when_none_given() -> None:
         dtype=torch.float32,
         seed=0,
     )
-    result = reference.paged_attention(*step.args())
+    result = reference.paged_attention(step.call())
     assert result.shape == step.query.shape
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]

@@ -27,9 +27,9 @@ CONFIGS = [
 
 def _check_against_reference(step_seqs: list[tuple[int, int]], config: AttentionConfig) -> None:
     step = config.step(step_seqs, seed=11)
-    expected = reference.paged_attention(*step.args())
+    expected = reference.paged_attention(step.call())
     out = step.nan_out()
-    result = triton_attention.paged_attention(*step.args(), out=out)
+    result = triton_attention.paged_attention(step.call(out=out))
     assert result is out
     assert rel_err(result, expected) < TOLERANCE[config.dtype]
 
@@ -62,7 +62,7 @@ def test_matches_float64_oracle_with_int64_metadata() -> None:
         seed=5,
         index_dtype=torch.int64,
     )
-    result = triton_attention.paged_attention(*step.args(), out=step.nan_out())
+    result = triton_attention.paged_attention(step.call(out=step.nan_out()))
     assert rel_err(result, oracle(step)) < TOLERANCE[torch.float32]
 
 
@@ -88,11 +88,11 @@ def test_split_kv_matches_single_pass(
     element_size = step.query.element_size()
     _, _, tile_n = tile_shape(config.gqa_ratio, step.inputs.max_query_len, head_pad, element_size)
     assert splits <= -(-step.inputs.max_context_len // tile_n), "the case must really split"
-    single = triton_attention.paged_attention(*step.args(), out=step.nan_out(), num_kv_splits=1)
-    split = triton_attention.paged_attention(*step.args(), out=step.nan_out(), num_kv_splits=splits)
+    single = triton_attention.paged_attention(step.call(out=step.nan_out()), num_kv_splits=1)
+    split = triton_attention.paged_attention(step.call(out=step.nan_out()), num_kv_splits=splits)
     tolerance = 1e-6 if config.dtype == torch.float32 else TOLERANCE[config.dtype] / 4
     assert rel_err(split, single) < tolerance
-    assert rel_err(split, reference.paged_attention(*step.args())) < TOLERANCE[config.dtype]
+    assert rel_err(split, reference.paged_attention(step.call())) < TOLERANCE[config.dtype]
 
 
 def test_empty_step_returns_untouched_output() -> None:
@@ -114,9 +114,7 @@ def test_empty_step_returns_untouched_output() -> None:
         max_query_len=0,
         max_context_len=0,
     )
-    result = triton_attention.paged_attention(
-        empty, step.key_cache, step.value_cache, no_seqs, step.scale
-    )
+    result = triton_attention.paged_attention(step.call(query=empty, inputs=no_seqs))
     assert result.shape == (0, 1, 64)
 
 
@@ -125,8 +123,8 @@ def test_strided_output_is_written_in_place() -> None:
     step = config.step([(20, 4), (7, 1)], seed=4)
     buffer = torch.full((*step.query.shape, 2), float("nan"))
     out = buffer[..., 0]  # head_dim stride 2: the kernel writes a temporary, then copies
-    result = triton_attention.paged_attention(*step.args(), out=out)
+    result = triton_attention.paged_attention(step.call(out=out))
     assert result is out
-    expected = reference.paged_attention(*step.args())
+    expected = reference.paged_attention(step.call())
     assert rel_err(buffer[..., 0], expected) < TOLERANCE[torch.float32]
     assert buffer[..., 1].isnan().all()

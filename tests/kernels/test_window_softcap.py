@@ -67,7 +67,7 @@ def test_reference_matches_oracle(
 ) -> None:
     step = _step(config, window, _seqs(config.block_size), seed=3)
     out = reference.paged_attention(
-        *step.args(), out=step.nan_out(), sliding_window=window, softcap=softcap
+        step.call(out=step.nan_out(), sliding_window=window, softcap=softcap)
     )
     assert rel_err(out, oracle(step, window, softcap)) < TOLERANCE[config.dtype]
 
@@ -84,7 +84,7 @@ def test_reference_decode_chunks_skip_outside_blocks(
     step = _step(config, window, [(ctx, 1) for ctx in lengths], seed=4)
     assert poison_outside_window(step, window) > 0
     out = reference.paged_attention(
-        *step.args(), out=step.nan_out(), sliding_window=window, softcap=20.0
+        step.call(out=step.nan_out(), sliding_window=window, softcap=20.0)
     )
     assert rel_err(out, oracle(step, window, 20.0)) < TOLERANCE[torch.float32]
 
@@ -100,8 +100,8 @@ def test_a_plan_shared_by_the_layers_of_a_step_changes_nothing(
     plans: PlanCache = {}
     planned = dataclasses.replace(step, inputs=dataclasses.replace(step.inputs, plan_cache=plans))
     for window, softcap in [(None, None), (5, None), (None, 30.0), (5, None), (None, None)]:
-        shared = reference.paged_attention(*planned.args(), sliding_window=window, softcap=softcap)
-        alone = reference.paged_attention(*step.args(), sliding_window=window, softcap=softcap)
+        shared = reference.paged_attention(planned.call(sliding_window=window, softcap=softcap))
+        alone = reference.paged_attention(step.call(sliding_window=window, softcap=softcap))
         assert torch.equal(shared, alone)
     # One layout, one decode plan per window: worked out once, not once per layer.
     per_window = (
@@ -116,8 +116,8 @@ def test_a_plan_shared_by_the_layers_of_a_step_changes_nothing(
 def test_a_window_past_the_context_changes_nothing() -> None:
     config = AttentionConfig(torch.float32, 64, 16, 2, 2)
     step = config.step(_seqs(16), seed=5)
-    plain = reference.paged_attention(*step.args())
-    wide = reference.paged_attention(*step.args(), sliding_window=10_000)
+    plain = reference.paged_attention(step.call())
+    wide = reference.paged_attention(step.call(sliding_window=10_000))
     assert torch.equal(plain, wide)
 
 
@@ -128,7 +128,7 @@ def test_a_window_past_the_context_changes_nothing() -> None:
 def test_dispatch_refuses_bad_window_or_cap(window: object, softcap: object, message: str) -> None:
     step = AttentionConfig(torch.float32, 64, 16, 1, 1).step([(5, 5)], seed=0)
     with pytest.raises(ValueError, match=message):
-        kernels.paged_attention(*step.args(), sliding_window=window, softcap=softcap)
+        kernels.paged_attention(step.call(sliding_window=window, softcap=softcap))
 
 
 @needs_interpreter
@@ -138,7 +138,7 @@ def test_triton_matches_oracle(
 ) -> None:
     step = _step(config, window, _seqs(config.block_size), seed=6)
     out = triton_attention.paged_attention(
-        *step.args(), out=step.nan_out(), sliding_window=window, softcap=softcap
+        step.call(out=step.nan_out(), sliding_window=window, softcap=softcap)
     )
     assert rel_err(out, oracle(step, window, softcap)) < TOLERANCE[config.dtype]
 
@@ -151,10 +151,6 @@ def test_triton_decode_and_split_kv(window: int, softcap: float | None, splits: 
     seqs = [(1, 1), (300, 1), (17, 1), (129, 1), (640, 1), (200, 9)]
     step = _step(config, window, seqs, seed=7)
     out = triton_attention.paged_attention(
-        *step.args(),
-        out=step.nan_out(),
-        sliding_window=window,
-        softcap=softcap,
-        num_kv_splits=splits,
+        step.call(out=step.nan_out(), sliding_window=window, softcap=softcap), num_kv_splits=splits
     )
     assert rel_err(out, oracle(step, window, softcap)) < TOLERANCE[torch.float32]

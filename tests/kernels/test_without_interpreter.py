@@ -36,7 +36,7 @@ inputs = kernels.PagedAttentionInputs(
     torch.tensor([[0]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32),
     torch.tensor([0, 3], dtype=torch.int32), max_query_len=3, max_context_len=3,
 )
-out = kernels.paged_attention(query, cache, cache, inputs, 0.125)
+out = kernels.paged_attention(kernels.AttentionCall(query, cache, cache, inputs, 0.125))
 assert out.isfinite().all()
 assert kernels.resolve_backend(torch.device("cuda")) == "torch"
 try:
