@@ -151,11 +151,15 @@ def ws_subscribe_block_map(
                     event_message(msg["id"], {"entry_id": entry_id, "state": "removed"})
                 )
                 return
+            # Taking the map waits for the engine's step under way: from a few ms to a step.
             payload = await async_payload(current)
             if not _same(last, payload) or started - last_sent >= HEARTBEAT_S:
                 connection.send_message(event_message(msg["id"], payload))
-                last, last_sent = payload, started
-            await asyncio.sleep(max(0.0, PUSH_INTERVAL_S - (time.monotonic() - started)))
+                last, last_sent = payload, time.monotonic()
+            # The pace counts from the last send, so a slow take followed by a quick one
+            # cannot put two pushes closer than the interval.
+            since = time.monotonic() - max(started, last_sent)
+            await asyncio.sleep(max(0.0, PUSH_INTERVAL_S - since))
 
     # Not the entry's task: the subscription outlives a reload and shows it as unavailable.
     task = hass.async_create_background_task(push(), f"{DOMAIN} block map subscription")
