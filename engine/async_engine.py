@@ -259,7 +259,7 @@ class AsyncEngine:
     @property
     def info(self) -> EngineInfo:
         """The model, the pool and the limits (EngineDeadError before start and after stop)."""
-        return self._llm.info()
+        return self._llm.info
 
     @property
     def tokenizer(self) -> Any:
@@ -271,7 +271,10 @@ class AsyncEngine:
     ) -> list[int]:
         """A prompt's token ids, through the chat template for messages (off the loop)."""
         check_prompt(prompt)
-        tools = check_tools(tools)
+        return await self._tokenize(prompt, check_tools(tools))
+
+    async def _tokenize(self, prompt: Prompt, tools: list[dict[str, Any]] | None) -> list[int]:
+        """A checked prompt's ids, off the loop: templating a long document takes milliseconds."""
         engine = self._llm
         return await asyncio.get_running_loop().run_in_executor(
             None, engine.tokenize, prompt, tools
@@ -345,7 +348,6 @@ class AsyncEngine:
         self._check_alive()
         arrival = time.monotonic()
         loop = asyncio.get_running_loop()
-        engine = self._llm
         request_id = request_id or uuid.uuid4().hex
         stream = _Stream(loop, asyncio.Queue())
         # The id is taken before the first await: of two requests with one id, the one
@@ -361,8 +363,7 @@ class AsyncEngine:
         finished = submitted = False
         completion_tokens = 0
         try:
-            # Chat templates and long documents take milliseconds to tokenize: not on the loop.
-            token_ids = await loop.run_in_executor(None, engine.tokenize, prompt, tools)
+            token_ids = await self._tokenize(prompt, tools)
             # Compiling a grammar takes up to a second: here, so the step loop finds it.
             await self.compile_constraint(params)
             self._commands.put(_Add(request_id, token_ids, params, priority, arrival))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
@@ -99,8 +100,9 @@ class LLMEngine:
         """Blocks in the KV pool."""
         return self.kv_manager.num_blocks
 
+    @functools.cached_property
     def info(self) -> EngineInfo:
-        """The model, the pool and the limits, as hosts may read them."""
+        """The model, the pool and the limits, as hosts may read them (fixed: built once)."""
         loaded, runner, block_size = self.loaded, self.runner, self.config.block_size
         return EngineInfo(
             model=loaded.name,

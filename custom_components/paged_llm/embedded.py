@@ -334,16 +334,17 @@ class EmbeddedBackend:
         from paged_llm.engine.frontend import Constraint
 
         response_format = sampling.response_format or {}
+        template = None
         if response_format.get("type") == "json_schema":
             constraint = Constraint(json_schema=response_format["json_schema"]["schema"])
         elif response_format.get("type") == "json_object":
             constraint = Constraint(json_object=True)
         elif sampling.tool_grammar:
             constraint = Constraint(tools=sampling.tool_grammar)
+            # A template that knows no tools gets the Hermes instructions in the prompt.
+            template = chat_template(self._tokenizer()) if self.native_tools else None
         else:
             return params
-        # A template that knows no tools gets the Hermes instructions in the prompt.
-        template = chat_template(self._tokenizer()) if self.native_tools else None
         try:
             constrained = dataclasses.replace(params, **constraint.fields(template))
             await self.engine.compile_constraint(constrained)
