@@ -328,7 +328,7 @@ class LLMEngine:
             timestamp=now,
             kv_blocks_used=kv.num_used_blocks,
             kv_blocks_total=kv.num_blocks,
-            kv_blocks_cached=kv.num_cached_blocks,
+            kv_blocks_cached=kv.num_free_cached_blocks,
             kv_cache_usage_perc=kv.usage,
             kv_live_tokens=kv.num_live_tokens,
             kv_allocated_slots=kv.num_allocated_slots,

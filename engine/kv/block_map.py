@@ -144,7 +144,7 @@ def take_block_map(
     num_blocks = kv.num_blocks
     cells = bytearray(num_blocks)
     pool = getattr(kv, "pool", None)
-    if isinstance(pool, BlockPool) and pool.enable_caching and pool.num_cached_blocks:
+    if isinstance(pool, BlockPool) and pool.num_free_cached_blocks:
         block_hash = pool.block_hash
         cached = int(BlockState.CACHED)
         for block_id in pool.free_block_ids():

@@ -40,6 +40,7 @@ class BlockPool:
         "_enable_caching",
         "_extra_refs",
         "_free",
+        "_free_cached",
         "_free_kept",
         "_hashes",
         "_keep",
@@ -62,6 +63,8 @@ class BlockPool:
         self._free_kept: OrderedDict[int, None] = OrderedDict()
         self._keep = [False] * num_blocks
         self._extra_refs = 0
+        # Free blocks that still hold a registered hash: counted as they move, not scanned.
+        self._free_cached = 0
 
     @property
     def num_blocks(self) -> int:
@@ -98,6 +101,11 @@ class BlockPool:
         """Blocks whose content is registered for prefix sharing, in use or not."""
         return len(self._cached)
 
+    @property
+    def num_free_cached_blocks(self) -> int:
+        """Free blocks whose content is still registered: reclaimable, but a later hit."""
+        return self._free_cached
+
     def ref_count(self, block_id: int) -> int:
         """How many block tables hold this block."""
         return self._ref_counts[block_id]
@@ -127,6 +135,7 @@ class BlockPool:
             old = self._hashes[block_id]
             if old is not None:
                 # The data is about to be overwritten: a lookup must miss from now on.
+                self._free_cached -= 1
                 del self._cached[old]
                 self._hashes[block_id] = None
                 self._keep[block_id] = False
@@ -142,6 +151,8 @@ class BlockPool:
         for block_id in block_ids:
             if self._ref_counts[block_id] == 0:
                 (self._free_kept if self._keep[block_id] else self._free).pop(block_id)
+                if self._hashes[block_id] is not None:
+                    self._free_cached -= 1
             else:
                 self._extra_refs += 1
             self._ref_counts[block_id] += 1
@@ -156,7 +167,10 @@ class BlockPool:
             self._ref_counts[block_id] = count - 1
             if count > 1:
                 self._extra_refs -= 1
-            elif self._keep[block_id]:
+                continue
+            if self._hashes[block_id] is not None:
+                self._free_cached += 1
+            if self._keep[block_id]:
                 self._free_kept[block_id] = None
             else:
                 self._free[block_id] = None
@@ -178,6 +192,8 @@ class BlockPool:
         self._cached[block_hash] = block_id
         self._hashes[block_id] = block_hash
         self._keep[block_id] = keep
+        if self._ref_counts[block_id] == 0:
+            self._free_cached += 1
 
     def free_block_ids(self) -> list[int]:
         """List the free blocks in the order they will be taken (tests, diagnostics)."""

@@ -76,7 +76,7 @@ class KVManager(abc.ABC):
         return self._num_blocks - self.num_used_blocks
 
     @property
-    def num_cached_blocks(self) -> int:
+    def num_free_cached_blocks(self) -> int:
         """Free blocks that still hold a cached prefix (none without prefix caching)."""
         return 0
 

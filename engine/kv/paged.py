@@ -37,9 +37,9 @@ class KVCacheManager(KVManager):
         return self._pool.num_used_blocks
 
     @property
-    def num_cached_blocks(self) -> int:
+    def num_free_cached_blocks(self) -> int:
         """Free blocks that still hold a cached prefix."""
-        return self._pool.num_cached_blocks
+        return self._pool.num_free_cached_blocks
 
     @property
     def num_shared_tokens(self) -> int:

@@ -56,6 +56,9 @@ def test_cells_show_class_sharing_and_cached_blocks() -> None:
     # The finished request's two full blocks keep their prefix; its partial tail does not.
     cached = [b for b, c in enumerate(cells) if c == BlockState.CACHED]
     assert len(cached) == 2
+    # The metrics' figure is the map's: free blocks with a prefix, not the held ones too.
+    assert kv.num_free_cached_blocks == block_map.cached == 2
+    assert kv.pool.num_cached_blocks > 2
     assert all(kv.pool.ref_count(b) == 0 and kv.pool.block_hash(b) for b in cached)
 
     assert block_map.used == kv.num_used_blocks == 3 + 1 + 4

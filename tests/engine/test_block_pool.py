@@ -122,3 +122,5 @@ def test_random_operations_keep_counts_consistent(ops: list[tuple[str, int]]) ->
         assert pool.num_free_blocks + pool.num_used_blocks == 8
         assert sorted(pool.free_block_ids()) == [b for b in range(8) if b not in held]
         assert pool.num_extra_refs == len(held) - len(set(held))
+        free_cached = [b for b in pool.free_block_ids() if pool.block_hash(b) is not None]
+        assert pool.num_free_cached_blocks == len(free_cached)
