@@ -40,8 +40,8 @@
  *
  * Paths, chosen when the library is built (-march=native): AVX2 with F16C (vectors of 256
  * bits, also on AVX-512 CPUs; the 32-value types' integer dots by dpbusd where AVX-512 VNNI
- * or AVX-VNNI is there, and there the K types' products of many rows by tiles of 16 weight
- * rows, see super_tile_avx2), NEON on
+ * or AVX-VNNI is there, and there the products of many rows by tiles of 16 weight rows, see
+ * super_tile_avx2 and small_tile_avx2), NEON on
  * aarch64 (sdot where the dotprod extension is there), and portable C everywhere else.
  * The same source builds on every path; gguf_kernels_test.c checks each against the
  * portable reference.
@@ -1039,6 +1039,17 @@ INLINE void super_rows_avx2_(const int type, const uint8_t *w, int64_t k, const 
 #define TILE_GROUP 2 /* (16 registers) */
 #endif
 
+/* The next tile's weights (the rows after the tile at w, where a thread's chunk goes on),
+ * a share at each of the tile's nb blocks: the prefetcher alone left a tile's first blocks
+ * waiting on the last-level cache, a fifth of a 32-row product of Q4_K 8192 x 2048. */
+INLINE void prefetch_next_tile(const uint8_t *w, int64_t rb, int64_t nb, int64_t b)
+{
+    const int64_t span = (TILE_OUT * rb / nb + 63) & ~(int64_t)63;
+    const uint8_t *next = w + TILE_OUT * rb + b * span;
+    for (int64_t line = 0; line < span; line += 64)
+        __builtin_prefetch(next + line, 0, 3);
+}
+
 /* One 256-value block of 16 weight rows, decoded; half h holds rows 8h..8h+7, row 8h + i in
  * lane i: q[h][u] the unsigned codes of quad u (values 4u..4u+3); sc[h][g] group g's scale;
  * mins[h][p] the int16 pair that meets the input sums' pair p (Q4_K, Q5_K: the mins of
@@ -1219,14 +1230,9 @@ INLINE void super_tile_avx2(const int type, const uint8_t *w, int64_t rb, int64_
     tile_block tb;
     for (int64_t r = 0; r < R; r++)
         memset(y + r * ystride, 0, sizeof(float) * TILE_OUT);
-    /* The next tile's weights (the rows after these, where a thread's chunk goes on) asked
-     * for a share each block: the prefetcher alone left a tile's first blocks waiting on
-     * the last-level cache, a fifth of a 32-row product of Q4_K 8192 x 2048. */
-    const int64_t nb = k / 256, span = (TILE_OUT * rb / nb + 63) & ~(int64_t)63;
-    const uint8_t *next = w + TILE_OUT * rb;
+    const int64_t nb = k / 256;
     for (int64_t b = 0; b < nb; b++) {
-        for (int64_t line = 0; line < span; line += 64)
-            __builtin_prefetch(next + b * span + line, 0, 3);
+        prefetch_next_tile(w, rb, nb, b);
         tile_decode8(type, w, rb, b, 0, &tb);
         tile_decode8(type, w + 8 * rb, rb, b, 1, &tb);
         int64_t r = 0;
@@ -1238,12 +1244,153 @@ INLINE void super_tile_avx2(const int type, const uint8_t *w, int64_t rb, int64_
     }
 }
 
+/* ---- 32-value types as tiles ------------------------------------------------------------
+ * The same layout for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: a block of 16 weight rows decoded
+ * once into 8 quads a half (row i's 32-bit word u in lane i), then per activation row 8
+ * broadcasts and 16 dpbusd, against the per-row loop's maddubs or dpbusd, three hadd and a
+ * float combination per 8 blocks of every output. Each block's term is small_term's float
+ * operations for the 8 rows of a half at once, added to its lane (b % 8) of the row's
+ * outputs, and the lanes' pairwise sum closes them: the reference's bits. */
+
+/* One 32-value block of 16 weight rows, decoded: q[h][u] quad u (values 4u..4u+3) of rows
+ * 8h..8h+7 as unsigned codes, one row in each lane; dw, mw the rows' scales and mins. */
+typedef struct {
+    __m256i q[2][8];
+    __m256 dw[2], mw[2];
+} small_tile_block;
+
+/* The value an unsigned code of a 32-value type stands above (s - offset * sum): Q8_0's
+ * signed codes go to dpbusd as code + 128. */
+INLINE int small_offset(const int type)
+{
+    return type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q8_0 ? 128 : 0;
+}
+
+/* Block b of the 8 weight rows at w (rb bytes apart) into half h of tb. */
+INLINE void small_tile_decode8(const int type, const uint8_t *w, int64_t rb, int64_t b, int h,
+                               small_tile_block *tb)
+{
+    const int bytes = info(type).bytes;
+    const int min = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
+    const int at = 2 + 2 * min + 4 * five; /* codes' offset */
+    const uint8_t *blk[8];
+    for (int i = 0; i < 8; i++)
+        blk[i] = w + i * rb + b * bytes;
+    tb->dw[h] = halves8(blk, 0);
+    tb->mw[h] = min ? halves8(blk, 2) : _mm256_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(15);
+    __m256i v[8];
+    for (int i = 0; i < 8; i++) { /* values 0..15 in the low half, 16..31 in the high */
+        if (type == T_Q8_0) {
+            v[i] = _mm256_xor_si256(mm_load(blk[i] + 2), _mm256_set1_epi8((char)0x80));
+            continue;
+        }
+        const __m128i raw = mm_load128(blk[i] + at);
+        v[i] = pair128(_mm_and_si128(raw, m4), _mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+        if (five) {
+            const uint32_t qh = rd32(blk[i] + at - 4);
+            v[i] = _mm256_or_si256(
+                v[i], pair128(_mm256_castsi256_si128(high_bits(qh, qh, 0)),
+                              _mm256_castsi256_si128(high_bits(qh, qh, 1))));
+        }
+    }
+    transpose8(v, tb->q[h]);
+}
+
+/* NR activation rows (x, xstride bytes apart) against the decoded block b: lane i's term of
+ * half h added to lane b % 8 of output 8h + i of each row, acc[(r * 8 + b % 8) * 16 + ...]. */
+INLINE void small_tile_rows(const int type, const small_tile_block *tb, const uint8_t *x,
+                            int64_t xstride, int64_t k, int64_t b, const int NR, float *acc)
+{
+    const int min = type == T_Q4_1 || type == T_Q5_1, offset = small_offset(type);
+    const int64_t at = code_at(b, 0), slot = slot_at(b);
+    __m256i A[2][TILE_GROUP];
+    const int8_t *xq[TILE_GROUP];
+    for (int r = 0; r < NR; r++) {
+        xq[r] = act_at(x + r * xstride, k, F_SMALL).q + at;
+        A[0][r] = A[1][r] = _mm256_setzero_si256();
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; u++) { /* quad u: values 4u..4u+3, where code_at puts them */
+        const __m256i q0 = tb->q[0][u], q1 = tb->q[1][u];
+        const int64_t off = u < 4 ? 4 * u : 32 + 4 * (u - 4);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const __m256i xb = _mm256_set1_epi32((int)rd32((const uint8_t *)xq[r] + off));
+            A[0][r] = DPBUSD(A[0][r], q0, xb);
+            A[1][r] = DPBUSD(A[1][r], q1, xb);
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        const act_view xv = act_at(x + r * xstride, k, F_SMALL);
+        const int32_t sum = xv.s[slot];
+        const __m256 dx = _mm256_set1_ps(xv.d[slot]);
+        const __m256i shift = _mm256_set1_epi32(offset * sum);
+        for (int h = 0; h < 2; h++) {
+            __m256 term = _mm256_mul_ps(_mm256_mul_ps(tb->dw[h], dx),
+                                        _mm256_cvtepi32_ps(_mm256_sub_epi32(A[h][r], shift)));
+            if (min)
+                term = _mm256_add_ps(term, _mm256_mul_ps(_mm256_mul_ps(tb->mw[h], dx),
+                                                         _mm256_set1_ps((float)sum)));
+            float *lane = acc + (r * 8 + b % 8) * TILE_OUT + 8 * h;
+            _mm256_storeu_ps(lane, _mm256_add_ps(_mm256_loadu_ps(lane), term));
+        }
+    }
+}
+
+/* 16 weight rows (w, rb bytes apart) times R <= TILE_ROWS activation rows into
+ * y[r * ystride + i]: every block's terms into its row's lanes, then the pairwise sums. */
+INLINE void small_tile_avx2(const int type, const uint8_t *w, int64_t rb, int64_t k,
+                            const uint8_t *x, int64_t xstride, int64_t R, float *y,
+                            int64_t ystride)
+{
+    float acc[TILE_ROWS * 8 * TILE_OUT];
+    memset(acc, 0, sizeof(float) * R * 8 * TILE_OUT);
+    small_tile_block tb;
+    const int64_t nb = k / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next_tile(w, rb, nb, b);
+        small_tile_decode8(type, w, rb, b, 0, &tb);
+        small_tile_decode8(type, w + 8 * rb, rb, b, 1, &tb);
+        int64_t r = 0;
+        for (; r + TILE_GROUP <= R; r += TILE_GROUP)
+            small_tile_rows(type, &tb, x + r * xstride, xstride, k, b, TILE_GROUP,
+                            acc + r * 8 * TILE_OUT);
+        for (; r < R; r++)
+            small_tile_rows(type, &tb, x + r * xstride, xstride, k, b, 1, acc + r * 8 * TILE_OUT);
+    }
+    const int64_t padded = (nb + 7) / 8 * 8;
+    for (int64_t r = 0; r < R; r++) {
+        const float *a = acc + r * 8 * TILE_OUT;
+        for (int h = 0; h < 2; h++) {
+            __m256 l[8];
+            for (int j = 0; j < 8; j++) { /* the reference adds +0 for the padding blocks */
+                l[j] = _mm256_loadu_ps(a + j * TILE_OUT + 8 * h);
+                if (nb % 8 && j >= nb % 8 && padded > nb)
+                    l[j] = _mm256_add_ps(l[j], _mm256_setzero_ps());
+            }
+            for (int width = 4; width > 0; width /= 2) /* pairwise, as the reference */
+                for (int j = 0; j < width; j++)
+                    l[j] = _mm256_add_ps(l[j], l[j + width]);
+            _mm256_storeu_ps(y + r * ystride + 8 * h, l[0]);
+        }
+    }
+}
+
 /* The fewest rows for which tiles beat the per-row loop (whose pass of RT rows decodes a
  * block once for 8 rows): on a Zen 4 EPYC, 2 threads, 8192 x 2048 from memory, per-row
  * against tiles: Q4_K 8 rows 1,140 against 1,200 us, 10 rows 1,830 against 1,420 us, 32 rows
  * 4,360 against 2,700 us; Q6_K, whose tile scales twice the groups, 32 rows 4,050 against
- * 4,450 us, 64 rows 8,050 against 7,100 us, 128 rows 16,500 against 13,500 us. */
-static int64_t tile_min_rows(int type) { return type == T_Q6_K ? 48 : RT + 1; }
+ * 4,450 us, 64 rows 8,050 against 7,100 us, 128 rows 16,500 against 13,500 us. The
+ * 32-value types' tiles, same matrix: Q4_0 16 rows 1,640 against 1,170 us, 32 rows 3,300
+ * against 2,100 us, 128 rows 13,200 against 8,300 us; Q8_0 32 rows 3,570 against 2,330 us. */
+static int64_t tile_min_rows(int type)
+{
+    if (info(type).family == F_SMALL) /* Q4_0 8 rows 828 against 723 us, 4 rows 460 against
+                                       * 491 us; Q5_0 8 rows even (996, 993 us) */
+        return RT;
+    return type == T_Q6_K ? 48 : RT + 1;
+}
 
 /* Q4_K, Q5_K and Q6_K through super_tile_avx2. */
 static void super_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const uint8_t *x,
@@ -1256,7 +1403,38 @@ static void super_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const 
     else
         super_tile_avx2(T_Q6_K, w, rb, k, x, xstride, R, y, ystride);
 }
-#define SUPER_TILE super_tile
+
+/* The 32-value types through small_tile_avx2. */
+static void small_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const uint8_t *x,
+                       int64_t xstride, int64_t R, float *y, int64_t ystride)
+{
+    switch (type) {
+#define CASE(t)                                                                                 \
+    case t:                                                                                    \
+        small_tile_avx2(t, w, rb, k, x, xstride, R, y, ystride);                               \
+        return;
+        CASE(T_Q4_0)
+        CASE(T_Q4_1)
+        CASE(T_Q5_0)
+        CASE(T_Q5_1)
+        CASE(T_Q8_0)
+#undef CASE
+    default:
+        return;
+    }
+}
+
+/* Tiles for every quantized type (each family's code compiled apart: sharing one function
+ * made the compiler lay out Q4_K's tile 20% slower). */
+static void quant_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const uint8_t *x,
+                       int64_t xstride, int64_t R, float *y, int64_t ystride)
+{
+    if (info(type).family == F_SUPER)
+        super_tile(type, w, rb, k, x, xstride, R, y, ystride);
+    else
+        small_tile(type, w, rb, k, x, xstride, R, y, ystride);
+}
+#define QUANT_TILE quant_tile
 #endif /* GK_VNNI */
 
 /* 32 float weights from w (type F32, F16 or BF16) at value i in 4 registers. */
@@ -1793,8 +1971,8 @@ static int64_t chunk_outputs(int64_t row_bytes, int64_t n)
     return c < n ? c : n;
 }
 
-#if defined(SUPER_TILE)
-/* matmul_for by tiles of TILE_OUT outputs (SUPER_TILE): chunks of whole tiles, each pass
+#if defined(QUANT_TILE)
+/* matmul_for by tiles of TILE_OUT outputs (QUANT_TILE): chunks of whole tiles, each pass
  * over a chunk takes up to TILE_ROWS rows; the outputs past the last whole tile go by
  * out_rows. */
 static void tiles_for(int type, const uint8_t *w, int64_t n, int64_t k, const uint8_t *xq,
@@ -1819,7 +1997,7 @@ static void tiles_for(int type, const uint8_t *w, int64_t n, int64_t k, const ui
         for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
             const int64_t R = rows - r0 < TILE_ROWS ? rows - r0 : TILE_ROWS;
             for (int64_t o = o0; o < o1; o += TILE_OUT)
-                SUPER_TILE(type, w + o * rb, rb, k, xq + r0 * ab, ab, R, y + r0 * n + o, n);
+                QUANT_TILE(type, w + o * rb, rb, k, xq + r0 * ab, ab, R, y + r0 * n + o, n);
         }
     }
 }
@@ -1833,8 +2011,8 @@ static void matmul_for(int type, const uint8_t *w, int64_t n, int64_t k, const u
                        int64_t rows, float *y)
 {
     const int64_t rb = gk_row_bytes(type, k), ab = gk_act_bytes(type, k);
-#if defined(SUPER_TILE)
-    if (info(type).family == F_SUPER && rows >= tile_min_rows(type)) {
+#if defined(QUANT_TILE)
+    if (info(type).family != F_FLOAT && rows >= tile_min_rows(type)) {
         tiles_for(type, w, n, k, xq, rows, y);
         return;
     }
