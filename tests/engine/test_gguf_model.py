@@ -236,30 +236,37 @@ def test_loading_leaves_no_torch_thread_pool_behind_on_the_calling_thread() -> N
 def test_a_first_start_parses_the_metadata_once_into_transformers_own_config_and_tokenizer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The config and tokenizer are exactly transformers' own, from one GGUFReader parse.
+    """The config and tokenizer are exactly transformers' own, from one metadata parse.
 
-    That parse reads the memory map as a plain array (the engine's faster reader); the
-    fields it gives must build the same config and tokenizer.
+    That parse is the engine's MetadataReader, not gguf's reader; the fields it gives
+    must build the same config and tokenizer as transformers alone.
     """
     import gguf
     from transformers import AutoConfig, AutoTokenizer
 
+    from paged_llm.engine import gguf_model
+
     gguf_path = bundled_gguf_path(DEFAULT_MODEL.split(":")[1])
     parses: list[object] = []
-    reader = gguf.GGUFReader
 
-    class Counted(reader):  # type: ignore[misc]
-        """gguf's reader, counted."""
+    class Counted(gguf_model.MetadataReader):
+        """The engine's reader, counted."""
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, path: Any) -> None:
             """Count the parse, then parse."""
-            parses.append(args[0])
-            super().__init__(*args, **kwargs)
+            parses.append(path)
+            super().__init__(path)
 
-    monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    def refused(*args: Any, **kwargs: Any) -> None:
+        """gguf's reader, which a first start no longer needs."""
+        raise AssertionError("gguf's GGUFReader parsed the file")
+
+    reader = gguf.GGUFReader
+    monkeypatch.setattr(gguf_model, "MetadataReader", Counted)
+    monkeypatch.setattr(gguf, "GGUFReader", refused)
     config, tokenizer = config_and_tokenizer(gguf_path, None)
     assert len(parses) == 1
-    assert gguf.GGUFReader is Counted  # the plain reader was for that parse only
+    assert gguf.GGUFReader is refused  # the engine's reader was for that parse only
     monkeypatch.setattr(gguf, "GGUFReader", reader)
     alone = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     alone_tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)

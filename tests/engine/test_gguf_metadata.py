@@ -1,0 +1,105 @@
+"""The engine's GGUF metadata reader gives the fields gguf's own GGUFReader gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+from transformers.integrations.ggml import _gguf_parse_value
+from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+from paged_llm.engine.config import DEFAULT_MODEL
+from paged_llm.engine.gguf_metadata import MetadataReader, Unreadable
+from paged_llm.engine.gguf_model import _fields_reader
+from paged_llm.engine.loader import bundled_gguf_path
+
+
+def every_kind(path: Path, endianess: gguf.GGUFEndian = gguf.GGUFEndian.LITTLE) -> Path:
+    """A GGUF file with a field of every value type, arrays of each, and two tensors."""
+    writer = gguf.GGUFWriter(path, "llama", endianess=endianess)
+    writer.add_uint8("t.u8", 250)
+    writer.add_int8("t.i8", -7)
+    writer.add_uint16("t.u16", 65000)
+    writer.add_int16("t.i16", -32000)
+    writer.add_uint32("t.u32", 4_000_000_000)
+    writer.add_int32("t.i32", -2_000_000_000)
+    writer.add_float32("t.f32", 0.1)
+    writer.add_uint64("t.u64", 2**63 + 5)
+    writer.add_int64("t.i64", -(2**62))
+    writer.add_float64("t.f64", 1 / 3)
+    writer.add_bool("t.yes", True)
+    writer.add_bool("t.no", False)
+    writer.add_string("t.text", "Küche ✨ light")
+    writer.add_string("t.empty", "")
+    writer.add_array("t.ints", [1, -2, 3])
+    writer.add_array("t.floats", [0.5, -1.25])
+    writer.add_array("t.bools", [True, False, True])
+    writer.add_array("t.strings", ["a", "", "ünï", "<|im_start|>"])
+    writer.add_array("t.none", [])
+    writer.add_tensor("token_embd.weight", np.ones((4, 32), dtype=np.float32))
+    writer.add_tensor("output.weight", np.ones((4, 32), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def values(reader: Any) -> dict[str, tuple[list[int], list[Any]]]:
+    """Each field's types and values, as transformers reads them."""
+    return {
+        name: (
+            [int(t) for t in field.types],
+            [_gguf_parse_value(field.parts[i], field.types) for i in field.data],
+        )
+        for name, field in reader.fields.items()
+    }
+
+
+def assert_same_fields(path: Path) -> None:
+    """The two readers agree on every field (types, values, their Python types) and tensor."""
+    ours, theirs = MetadataReader(path), gguf.GGUFReader(path)
+    got, want = values(ours), values(theirs)
+    assert list(got) == list(want)
+    for name in want:
+        assert got[name] == want[name], name
+        assert [type(v) for v in got[name][1]] == [type(v) for v in want[name][1]], name
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+
+
+def test_every_value_type_reads_as_gguf_reads_it(tmp_path: Path) -> None:
+    """Numbers of each width, bools, strings (UTF-8, empty) and arrays of each."""
+    assert_same_fields(every_kind(tmp_path / "kinds.gguf"))
+
+
+def test_the_bundled_model_reads_as_gguf_reads_it_into_the_same_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real vocabulary, merges and chat template: transformers builds the same dicts."""
+    path = bundled_gguf_path(DEFAULT_MODEL.split(":")[1])
+    assert_same_fields(path)
+    alone = load_gguf_checkpoint(str(path))
+    monkeypatch.setattr(gguf, "GGUFReader", _fields_reader(gguf.GGUFReader))
+    assert load_gguf_checkpoint(str(path)) == alone
+
+
+def test_what_it_cannot_read_goes_to_gguf_s_reader(tmp_path: Path) -> None:
+    """A big-endian file is left to gguf's reader; a cut header and a non-GGUF too."""
+    big = every_kind(tmp_path / "big.gguf", gguf.GGUFEndian.BIG)
+    with pytest.raises(Unreadable, match="version"):
+        MetadataReader(big)
+    fallback = _fields_reader(gguf.GGUFReader)(big)
+    assert isinstance(fallback, gguf.GGUFReader)
+    assert values(fallback)["t.text"] == ([8], ["Küche ✨ light"])
+    whole = every_kind(tmp_path / "whole.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[:200])
+    with pytest.raises(Unreadable, match="end"):
+        MetadataReader(cut)
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"PK\x03\x04" + whole[4:])
+    with pytest.raises(Unreadable, match="magic"):
+        MetadataReader(other)
