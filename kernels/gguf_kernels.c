@@ -1051,14 +1051,28 @@ INLINE void super_rows_avx2_(const int type, const uint8_t *w, int64_t k, const 
 #endif
 
 /* The next tile's weights (the rows after the tile at w, where a thread's chunk goes on),
- * a share at each of the tile's nb blocks: the prefetcher alone left a tile's first blocks
- * waiting on the last-level cache, a fifth of a 32-row product of Q4_K 8192 x 2048. */
-INLINE void prefetch_next_tile(const uint8_t *w, int64_t rb, int64_t nb, int64_t b)
+ * a share at each of the tile's nb blocks, asked for a few lines before each of the block's
+ * calls over rows: the prefetcher alone left a tile's first blocks waiting on the last-level
+ * cache, a fifth of a 32-row product of Q4_K 8192 x 2048, and a block's share asked at once
+ * (53 lines of Q6_K) stalled on the queue of misses, a tenth of Q6_K's tile. */
+typedef struct {
+    const uint8_t *at, *end;
+    int64_t bytes; /* asked for before each call */
+} tile_prefetch;
+
+INLINE tile_prefetch next_tile_share(const uint8_t *w, int64_t rb, int64_t nb, int64_t b,
+                                     int64_t R)
 {
     const int64_t span = (TILE_OUT * rb / nb + 63) & ~(int64_t)63;
-    const uint8_t *next = w + TILE_OUT * rb + b * span;
-    for (int64_t line = 0; line < span; line += 64)
-        __builtin_prefetch(next + line, 0, 3);
+    const int64_t calls = R / TILE_GROUP + R % TILE_GROUP;
+    const uint8_t *at = w + TILE_OUT * rb + b * span;
+    return (tile_prefetch){at, at + span, (span / 64 + calls - 1) / calls * 64};
+}
+
+INLINE void prefetch_some(tile_prefetch *p)
+{
+    for (int64_t i = 0; i < p->bytes && p->at < p->end; i += 64, p->at += 64)
+        __builtin_prefetch(p->at, 0, 3);
 }
 
 /* One 256-value block of 16 weight rows, decoded; half h holds rows 8h..8h+7, row 8h + i in
@@ -1243,15 +1257,19 @@ INLINE void super_tile_avx2(const int type, const uint8_t *w, int64_t rb, int64_
         memset(y + r * ystride, 0, sizeof(float) * TILE_OUT);
     const int64_t nb = k / 256;
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_next_tile(w, rb, nb, b);
+        tile_prefetch next = next_tile_share(w, rb, nb, b, R);
         tile_decode8(type, w, rb, b, 0, &tb);
         tile_decode8(type, w + 8 * rb, rb, b, 1, &tb);
         int64_t r = 0;
-        for (; r + TILE_GROUP <= R; r += TILE_GROUP)
+        for (; r + TILE_GROUP <= R; r += TILE_GROUP) {
+            prefetch_some(&next);
             tile_rows(type, &tb, x + r * xstride, xstride, k, b, TILE_GROUP, y + r * ystride,
                       ystride);
-        for (; r < R; r++)
+        }
+        for (; r < R; r++) {
+            prefetch_some(&next);
             tile_rows(type, &tb, x + r * xstride, xstride, k, b, 1, y + r * ystride, ystride);
+        }
     }
 }
 
@@ -1360,15 +1378,19 @@ INLINE void small_tile_avx2(const int type, const uint8_t *w, int64_t rb, int64_
     small_tile_block tb;
     const int64_t nb = k / 32;
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_next_tile(w, rb, nb, b);
+        tile_prefetch next = next_tile_share(w, rb, nb, b, R);
         small_tile_decode8(type, w, rb, b, 0, &tb);
         small_tile_decode8(type, w + 8 * rb, rb, b, 1, &tb);
         int64_t r = 0;
-        for (; r + TILE_GROUP <= R; r += TILE_GROUP)
+        for (; r + TILE_GROUP <= R; r += TILE_GROUP) {
+            prefetch_some(&next);
             small_tile_rows(type, &tb, x + r * xstride, xstride, k, b, TILE_GROUP,
                             acc + r * 8 * TILE_OUT);
-        for (; r < R; r++)
+        }
+        for (; r < R; r++) {
+            prefetch_some(&next);
             small_tile_rows(type, &tb, x + r * xstride, xstride, k, b, 1, acc + r * 8 * TILE_OUT);
+        }
     }
     const int64_t padded = (nb + 7) / 8 * 8;
     for (int64_t r = 0; r < R; r++) {
@@ -1389,18 +1411,18 @@ INLINE void small_tile_avx2(const int type, const uint8_t *w, int64_t rb, int64_
 }
 
 /* The fewest rows for which tiles beat the per-row loop (whose pass of RT rows decodes a
- * block once for 8 rows): on a Zen 4 EPYC, 2 threads, 8192 x 2048 from memory, per-row
- * against tiles: Q4_K 8 rows 1,140 against 1,200 us, 10 rows 1,830 against 1,420 us, 32 rows
- * 4,360 against 2,700 us; Q6_K, whose tile scales twice the groups, 32 rows 4,050 against
- * 4,450 us, 64 rows 8,050 against 7,100 us, 128 rows 16,500 against 13,500 us. The
- * 32-value types' tiles, same matrix: Q4_0 16 rows 1,640 against 1,170 us, 32 rows 3,300
- * against 2,100 us, 128 rows 13,200 against 8,300 us; Q8_0 32 rows 3,570 against 2,330 us. */
+ * block once for 8 rows), on a Zen 4 EPYC, 2 threads, 8192 x 2048 (one copy, mostly in
+ * cache), per-row against tiles: Q4_K 8 rows 1,140 against 1,200 us, 10 rows 1,830 against
+ * 1,420 us, 32 rows 4,360 against 2,700 us; Q6_K, whose tile scales twice the groups, 9 rows
+ * 1,290 against 1,370 us, 10 rows 1,480 against 1,370 us, 16 rows 1,960 against 1,730 us, 32
+ * rows 3,870 against 3,040 us; Q4_0 4 rows 460 against 491 us, 8 rows 828 against 723 us,
+ * 32 rows 3,300 against 2,100 us, 128 rows 13,200 against 8,300 us (Q5_0 even at 8 rows:
+ * 996, 993 us); Q8_0 32 rows 3,570 against 2,330 us. */
 static int64_t tile_min_rows(int type)
 {
-    if (info(type).family == F_SMALL) /* Q4_0 8 rows 828 against 723 us, 4 rows 460 against
-                                       * 491 us; Q5_0 8 rows even (996, 993 us) */
+    if (info(type).family == F_SMALL)
         return RT;
-    return type == T_Q6_K ? 48 : RT + 1;
+    return type == T_Q6_K ? RT + 2 : RT + 1;
 }
 
 /* Q4_K, Q5_K and Q6_K through super_tile_avx2. */
