@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -297,4 +298,16 @@ def _compile(compiler: Any, field: str, text: str, bounds: JsonBounds) -> Any:
         return compiler.compile_grammar(text)
     else:
         raise ValueError(f"unknown structured output field {field!r}")
-    return compiler.compile_grammar(bounded(str(grammar), bounds))
+    return compiler.compile_grammar(bounded(reparseable(str(grammar)), bounds))
+
+
+# xgrammar prints a code point below U+0100 as \xHH, but its parser reads \x with every hex
+# digit that follows: "Küche" printed as K\xfcche came back as U+0FCC and "he". \u00HH has
+# a fixed length and reads back as printed. (A backslash before x is an escape only after
+# an even run of backslashes.)
+_SHORT_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\x([0-9A-Fa-f]{2})")
+
+
+def reparseable(ebnf: str) -> str:
+    r"""A printed xgrammar grammar with \xHH escapes as \u00HH, so it parses back exactly."""
+    return _SHORT_ESCAPE.sub(r"\1\\u00\2", ebnf)

@@ -158,6 +158,32 @@ def test_constrained_output_parses_validates_and_stops_at_the_grammars_end(engin
     assert not engine.structured._trackers
 
 
+def test_latin_letters_before_hex_digits_come_out_as_written(engine) -> None:
+    """ "Küche": xgrammar printed ü as \\xfc and read \\xfcc back as U+0FCC (the engine
+    re-parses the printed grammar); each value must come out exactly."""
+    rooms = ["Küche 1a", "Fußboden", "Réception", "Café 2", "寝室 ✨"]
+    requests = {
+        room: (
+            prompt(40 + i),
+            SamplingParams(
+                temperature=0,
+                max_tokens=60,
+                json_schema={
+                    "type": "object",
+                    "properties": {"room": {"enum": [room]}},
+                    "required": ["room"],
+                },
+            ),
+        )
+        for i, room in enumerate(rooms)
+    }
+    tokens, _reasons = run(engine, requests)
+    eos = set(engine.loaded.eos_token_ids)
+    for room, ids in tokens.items():
+        text = engine.tokenizer.decode([t for t in ids if t not in eos])
+        assert json.loads(text) == {"room": room}
+
+
 def test_max_tokens_inside_the_json_ends_with_length(engine) -> None:
     tokens, reasons = run(
         engine,
