@@ -73,6 +73,7 @@ def chat_request(
     stop: Sequence[str] = (),
     priority: int | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_grammar: Sequence[Mapping[str, Any]] | None = None,
     response_format: Mapping[str, Any] | None = None,
     stream: bool = True,
     repetition_penalty: float | None = None,
@@ -102,6 +103,9 @@ def chat_request(
     if tools:
         body["tools"] = list(tools)
         body["tool_choice"] = "auto"
+        # paged-llm serve's extension (vLLM ignores it): narrower schemas for decoding only
+        if tool_grammar and list(tool_grammar) != list(tools):
+            body["tool_grammar"] = list(tool_grammar)
     return body
 
 

@@ -52,6 +52,9 @@ class ChatRequest(GenerationRequest):
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"
+    # This server's extension: the same tools with narrower argument schemas (Home
+    # Assistant's home grammar), for decoding only; the prompt shows ``tools``.
+    tool_grammar: list[dict[str, Any]] = field(default_factory=list)
     response_format: ResponseFormat = field(default_factory=ResponseFormat)
 
     @property
@@ -69,6 +72,13 @@ class ChatRequest(GenerationRequest):
         if not self.tools or self.tool_choice == "none":
             return None
         return self.tools
+
+    @property
+    def grammar_tools(self) -> list[dict[str, Any]] | None:
+        """Tools whose calls decoding is held to: ``tool_grammar`` where sent, else ``tools``."""
+        if self.template_tools is None:
+            return None
+        return self.tool_grammar or self.tools
 
 
 @dataclass(slots=True)
@@ -238,12 +248,12 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(value: Any) -> list[dict[str, Any]]:
-    """``tools``: a list of function tools with names."""
+def _tools(value: Any, name: str = "tools") -> list[dict[str, Any]]:
+    """``tools`` (or the field ``name``): a list of function tools with names."""
     if value is None:
         return []
     if not isinstance(value, list):
-        raise bad_field("tools", "must be a list of tools")
+        raise bad_field(name, "must be a list of tools")
     for i, tool in enumerate(value):
         function = tool.get("function") if isinstance(tool, dict) else None
         if (
@@ -253,11 +263,20 @@ def _tools(value: Any) -> list[dict[str, Any]]:
             or not isinstance(function.get("name"), str)
             or not function["name"]
         ):
-            raise bad_field(f"tools[{i}]", "must be {type: function, function: {name, ...}}")
+            raise bad_field(f"{name}[{i}]", "must be {type: function, function: {name, ...}}")
         parameters = function.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
-            raise bad_field(f"tools[{i}].function.parameters", "must be a JSON schema object")
+            raise bad_field(f"{name}[{i}].function.parameters", "must be a JSON schema object")
     return value
+
+
+def _tool_grammar(value: Any, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``tool_grammar``: the same tools as ``tools``, by name, for decoding only."""
+    grammar = _tools(value, "tool_grammar")
+    names = sorted(tool["function"]["name"] for tool in tools)
+    if grammar and sorted(tool["function"]["name"] for tool in grammar) != names:
+        raise bad_field("tool_grammar", "must hold the same tools as tools, by name")
+    return grammar
 
 
 def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
@@ -314,6 +333,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     request.messages = _messages(body.get("messages"))
     request.tools = _tools(body.get("tools"))
     request.tool_choice = _tool_choice(body.get("tool_choice"), request.tools)
+    request.tool_grammar = _tool_grammar(body.get("tool_grammar"), request.tools)
     request.response_format = _response_format(body.get("response_format"))
     return request
 

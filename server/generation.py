@@ -46,7 +46,7 @@ def _constraint(request: GenerationRequest) -> Constraint | None:
         return Constraint(json_object=True)
     if fmt.type == "json_schema":
         return Constraint(json_schema=fmt.schema)
-    tools = request.template_tools
+    tools = request.grammar_tools
     return Constraint(tools=tools, tool_choice=request.tool_choice) if tools else None
 
 

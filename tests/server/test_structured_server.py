@@ -80,6 +80,7 @@ async def test_structured_output_over_the_openai_api(client) -> None:
     await check_tool_choice(client, "required", {"set_light", "fan_on"})
     named = {"type": "function", "function": {"name": "set_light"}}
     await check_tool_choice(client, named, {"set_light"})
+    await check_tool_grammar(client)
     await check_bad_schema(client)
 
 
@@ -134,6 +135,54 @@ async def check_tool_choice(client, tool_choice, names) -> None:
             assert 0 <= args["level"] <= 9
         else:
             assert set(args) <= {"fast"}
+
+
+async def check_tool_grammar(client) -> None:
+    """``tool_grammar`` narrows what decoding allows; the prompt's ``tools`` stay as sent."""
+    free = {
+        "type": "function",
+        "function": {
+            "name": "set_light",
+            "parameters": {
+                "type": "object",
+                "properties": {"room": {"type": "string"}},
+                "required": ["room"],
+            },
+        },
+    }
+    room = 'Küche "Ost" ✨ 寝室'
+    narrow = {
+        "type": "function",
+        "function": {
+            "name": "set_light",
+            "parameters": {
+                "type": "object",
+                "properties": {"room": {"type": "string", "enum": [room]}},
+                "required": ["room"],
+            },
+        },
+    }
+    response = await client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=128,
+        temperature=0,
+        tools=[free],
+        tool_choice={"type": "function", "function": {"name": "set_light"}},
+        extra_body={"tool_grammar": [narrow]},
+    )
+    calls = response.choices[0].message.tool_calls
+    assert calls
+    assert [json.loads(c.function.arguments) for c in calls] == [{"room": room}]
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=8,
+            tools=[free],
+            extra_body={"tool_grammar": [FAN_TOOL]},
+        )
+    assert err.value.body["param"] == "tool_grammar"  # type: ignore[index]
 
 
 async def check_bad_schema(client) -> None:
