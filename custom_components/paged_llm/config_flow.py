@@ -32,6 +32,7 @@ from homeassistant.core import HomeAssistant, callback
 from homeassistant.helpers import llm
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.selector import (
+    BooleanSelector,
     NumberSelector,
     NumberSelectorConfig,
     NumberSelectorMode,
@@ -62,6 +63,7 @@ from .const import (
     CONF_BLOCK_SIZE,
     CONF_CUSTOM_MODEL,
     CONF_DTYPE,
+    CONF_HOME_GRAMMAR,
     CONF_IDLE_UNLOAD_MIN,
     CONF_KV_BUDGET_MIB,
     CONF_MAX_HISTORY,
@@ -75,6 +77,7 @@ from .const import (
     DEFAULT_CONVERSATION_NAME,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_HOME_GRAMMAR,
     DEFAULT_IDLE_UNLOAD_MIN,
     DEFAULT_KV_BUDGET_MIB,
     DEFAULT_MAX_HISTORY,
@@ -119,6 +122,7 @@ RECOMMENDED_CONVERSATION_OPTIONS: dict[str, Any] = {
     CONF_MAX_TOKENS: DEFAULT_MAX_TOKENS,
     CONF_TEMPERATURE: DEFAULT_TEMPERATURE,
     CONF_MAX_HISTORY: DEFAULT_MAX_HISTORY,
+    CONF_HOME_GRAMMAR: DEFAULT_HOME_GRAMMAR,
 }
 RECOMMENDED_AI_TASK_OPTIONS: dict[str, Any] = {
     CONF_MAX_TOKENS: DEFAULT_MAX_TOKENS,
@@ -798,6 +802,12 @@ def agent_option_schema(
                         multiple=True,
                     )
                 ),
+                probatio.Optional(
+                    CONF_HOME_GRAMMAR,
+                    description={
+                        "suggested_value": options.get(CONF_HOME_GRAMMAR, DEFAULT_HOME_GRAMMAR)
+                    },
+                ): BooleanSelector(),
             }
         )
     schema.update(

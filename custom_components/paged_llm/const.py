@@ -62,10 +62,13 @@ MAX_KV_BUDGET_MIB: Final = 1024 * 1024
 CONF_MAX_TOKENS: Final = "max_tokens"
 CONF_TEMPERATURE: Final = "temperature"
 CONF_MAX_HISTORY: Final = "max_history"
+# Hold Assist tools' targets (names, areas, floors...) to what exists in the home.
+CONF_HOME_GRAMMAR: Final = "home_grammar"
 
 DEFAULT_MAX_TOKENS: Final = 256
 DEFAULT_TEMPERATURE: Final = 0.7
 DEFAULT_MAX_HISTORY: Final = 20
+DEFAULT_HOME_GRAMMAR: Final = True
 MAX_MAX_TOKENS: Final = 32768
 
 SUBENTRY_CONVERSATION: Final = "conversation"

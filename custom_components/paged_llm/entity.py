@@ -15,9 +15,11 @@ from homeassistant.helpers.entity import Entity
 from .backend import BackendError, Sampling
 from .chat import async_stream
 from .const import (
+    CONF_HOME_GRAMMAR,
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
     CONF_TEMPERATURE,
+    DEFAULT_HOME_GRAMMAR,
     DEFAULT_MAX_HISTORY,
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
@@ -25,6 +27,7 @@ from .const import (
     MAX_TOOL_ITERATIONS,
     STRUCTURE_FREQUENCY_PENALTY,
 )
+from .home_grammar import async_get_home, grammar_tools
 from .prompt import (
     build_messages,
     format_tool,
@@ -112,13 +115,15 @@ class PagedLLMBaseLLMEntity(Entity):
             raise ha_error(err) from err
 
         tools: list[dict[str, Any]] | None = None
+        grammar: list[dict[str, Any]] | None = None
         tool_names: set[str] = set()
         serializer = None
         if chat_log.llm_api:
             serializer = chat_log.llm_api.custom_serializer
             tools = [format_tool(tool, serializer) for tool in chat_log.llm_api.tools]
             tool_names = {tool.name for tool in chat_log.llm_api.tools}
-        sampling = agent_sampling(settings, tool_grammar=tools)
+            grammar = self._grammar_tools(chat_log.llm_api, tools)
+        sampling = agent_sampling(settings, tool_grammar=grammar)
         json_instruction = None
         if structure:
             schema = structure_schema(structure, serializer)
@@ -148,6 +153,19 @@ class PagedLLMBaseLLMEntity(Entity):
             if not chat_log.unresponded_tool_results:
                 break
         return finish[0]
+
+    def _grammar_tools(
+        self, api: llm.APIInstance, tools: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The tools decoding is held to; with the home grammar on, held to the home's things.
+
+        On by default: Assist's tools can then name only the exposed entities, the areas
+        and the floors there are.
+        """
+        assistant = api.llm_context.assistant
+        if not assistant or not self.subentry.data.get(CONF_HOME_GRAMMAR, DEFAULT_HOME_GRAMMAR):
+            return tools
+        return grammar_tools(api.tools, tools, async_get_home(self.hass, assistant))
 
     async def _async_stream(
         self,

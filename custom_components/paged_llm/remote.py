@@ -162,6 +162,7 @@ class RemoteBackend:
             seed=sampling.seed,
             priority=to_vllm(priority),
             tools=tools,
+            tool_grammar=sampling.tool_grammar if tools else None,
             response_format=sampling.response_format,
             repetition_penalty=sampling.repetition_penalty,
             frequency_penalty=sampling.frequency_penalty,

@@ -306,6 +306,7 @@ async def test_conversation_subentry_flow(
         "max_tokens",
         "temperature",
         "max_history",
+        "home_grammar",
     }
     result = await hass.config_entries.subentries.async_configure(
         result["flow_id"],
@@ -316,6 +317,7 @@ async def test_conversation_subentry_flow(
             "max_tokens": 16.0,
             "temperature": 0.3,
             "max_history": 4.0,
+            "home_grammar": False,
         },
     )
     assert result["type"] is FlowResultType.CREATE_ENTRY
@@ -326,6 +328,7 @@ async def test_conversation_subentry_flow(
         "max_tokens": 16,
         "temperature": 0.3,
         "max_history": 4,
+        "home_grammar": False,
     }
     await hass.async_block_till_done()
     (subentry_id,) = set(entry.subentries) - before
