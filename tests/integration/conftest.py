@@ -9,9 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import CONF_DEVICE, CONF_MODEL, CONF_PROMPT
 from homeassistant.core import HomeAssistant
+from homeassistant.helpers import area_registry as ar
+from homeassistant.helpers import entity_registry as er
+from homeassistant.helpers import floor_registry as fr
 from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
@@ -108,6 +112,46 @@ def mock_config_entry(
 async def ha_core(hass: HomeAssistant) -> None:
     """Home Assistant's core integration, which conversation agents need (exposed entities)."""
     assert await async_setup_component(hass, "homeassistant", {})
+
+
+@pytest.fixture
+async def small_home(hass: HomeAssistant, ha_core: None) -> None:
+    """A small home: two floors, three areas, exposed lights and a sensor, a hidden lock.
+
+    With Assist's intents and LLM API set up, as an agent that controls the home has them.
+    """
+    assert await async_setup_component(hass, "intent", {})
+    assert await async_setup_component(hass, "llm", {})
+    floors = fr.async_get(hass)
+    ground = floors.async_create("Ground floor", aliases={"downstairs"})
+    floors.async_create("Attic")
+    areas = ar.async_get(hass)
+    kitchen = areas.async_create("Kitchen", floor_id=ground.floor_id, aliases={"Küche"})
+    areas.async_create("Bedroom")
+    areas.async_create('Kid\'s "den" 🦖')
+    entities = er.async_get(hass)
+    home = [
+        ("light", "ceiling", "Ceiling light", kitchen.id, ["big lamp"], True, {}),
+        ("light", "desk", "Desk lamp 寝室", None, [], True, {}),
+        (
+            "sensor",
+            "temp",
+            "Kitchen temperature",
+            kitchen.id,
+            [],
+            True,
+            {"device_class": "temperature"},
+        ),
+        ("lock", "front", "Front door", None, [], False, {}),
+    ]
+    for domain, key, name, area_id, aliases, exposed, attributes in home:
+        entry = entities.async_get_or_create(domain, "test", key, original_name=name)
+        # The entity's own name is an alias entry of its own (COMPUTED_NAME), first here.
+        entities.async_update_entity(
+            entry.entity_id, area_id=area_id, aliases=[er.COMPUTED_NAME, *aliases]
+        )
+        hass.states.async_set(entry.entity_id, "off", {"friendly_name": name, **attributes})
+        async_expose_entity(hass, "conversation", entry.entity_id, exposed)
 
 
 @pytest.fixture

@@ -7,14 +7,10 @@ from typing import Any
 from unittest.mock import patch
 
 from homeassistant.components import conversation
-from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
 from homeassistant.const import CONF_LLM_HASS_API
 from homeassistant.core import Context, HomeAssistant
-from homeassistant.helpers import area_registry as ar
 from homeassistant.helpers import entity_registry as er
-from homeassistant.helpers import floor_registry as fr
 from homeassistant.helpers import intent, llm
-from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm.const import CONF_HOME_GRAMMAR, DOMAIN
@@ -30,42 +26,6 @@ from paged_llm.engine.sequence import SamplingParams
 from paged_llm.engine.tool_grammar import ToolCallFormat, tool_call_structural_tag
 
 ASSISTANT = conversation.DOMAIN
-
-
-async def _home(hass: HomeAssistant) -> None:
-    """A small home: two floors, three areas, exposed lights and a sensor, a hidden lock."""
-    assert await async_setup_component(hass, "intent", {})
-    assert await async_setup_component(hass, "llm", {})
-    floors = fr.async_get(hass)
-    ground = floors.async_create("Ground floor", aliases={"downstairs"})
-    floors.async_create("Attic")
-    areas = ar.async_get(hass)
-    kitchen = areas.async_create("Kitchen", floor_id=ground.floor_id, aliases={"Küche"})
-    areas.async_create("Bedroom")
-    areas.async_create('Kid\'s "den" 🦖')
-    entities = er.async_get(hass)
-    home = [
-        ("light", "ceiling", "Ceiling light", kitchen.id, ["big lamp"], True, {}),
-        ("light", "desk", "Desk lamp 寝室", None, [], True, {}),
-        (
-            "sensor",
-            "temp",
-            "Kitchen temperature",
-            kitchen.id,
-            [],
-            True,
-            {"device_class": "temperature"},
-        ),
-        ("lock", "front", "Front door", None, [], False, {}),
-    ]
-    for domain, key, name, area_id, aliases, exposed, attributes in home:
-        entry = entities.async_get_or_create(domain, "test", key, original_name=name)
-        # The entity's own name is an alias entry of its own (COMPUTED_NAME), first here.
-        entities.async_update_entity(
-            entry.entity_id, area_id=area_id, aliases=[er.COMPUTED_NAME, *aliases]
-        )
-        hass.states.async_set(entry.entity_id, "off", {"friendly_name": name, **attributes})
-        async_expose_entity(hass, ASSISTANT, entry.entity_id, exposed)
 
 
 async def _assist_tools(hass: HomeAssistant) -> list[llm.Tool]:
@@ -92,10 +52,9 @@ def _properties(tools: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 async def test_assist_intents_name_only_what_the_home_has(
-    hass: HomeAssistant, ha_core: None
+    hass: HomeAssistant, small_home: None
 ) -> None:
     """Names and aliases of exposed entities; every area and floor; present domains only."""
-    await _home(hass)
     home = async_get_home(hass, ASSISTANT)
     assert "Ceiling light" in home.names
     assert "big lamp" in home.names
@@ -165,13 +124,12 @@ def test_a_home_with_nothing_exposed_drops_the_targets_it_cannot_fill() -> None:
 
 
 async def test_forced_calls_under_the_home_grammar_name_exposed_entities(
-    hass: HomeAssistant, init_integration: MockConfigEntry
+    hass: HomeAssistant, small_home: None, init_integration: MockConfigEntry
 ) -> None:
     """A random model made to call HassTurnOn names only the home's, in every format.
 
     The home has thousands of names, with quotes, emoji and other scripts, and repeats.
     """
-    await _home(hass)
     tools = await _assist_tools(hass)
     tool = next(t for t in tools if t.name.split("__")[-1] == intent.INTENT_TURN_ON)
     formatted = [format_tool(tool, llm.selector_serializer)]
@@ -197,10 +155,9 @@ async def test_forced_calls_under_the_home_grammar_name_exposed_entities(
 
 
 async def test_the_agent_holds_its_calls_to_the_home_unless_turned_off(
-    hass: HomeAssistant, init_integration: MockConfigEntry
+    hass: HomeAssistant, small_home: None, init_integration: MockConfigEntry
 ) -> None:
     """The conversation agent's grammar carries the home's names; the option turns it off."""
-    await _home(hass)
     entry = init_integration
     subentry = next(s for s in entry.subentries.values() if s.subentry_type == "conversation")
     agent_id = er.async_get(hass).async_get_entity_id("conversation", DOMAIN, subentry.subentry_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from collections.abc import AsyncGenerator, Iterator
@@ -15,15 +16,17 @@ from aiohttp import web
 from homeassistant import config_entries
 from homeassistant.components import ai_task, conversation
 from homeassistant.config_entries import ConfigEntryState
-from homeassistant.const import STATE_UNAVAILABLE
+from homeassistant.const import CONF_LLM_HASS_API, STATE_UNAVAILABLE
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
 from homeassistant.helpers import entity_registry as er
+from homeassistant.helpers import llm
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm.const import DEFAULT_SUMMARY_REPETITION_PENALTY
 from custom_components.paged_llm.diagnostics import async_get_config_entry_diagnostics
+from custom_components.paged_llm.home_grammar import async_get_home
 from custom_components.paged_llm.placement import engine_requirements
 
 from remote_server import ServerProcess, free_port
@@ -230,6 +233,21 @@ async def test_a_model_that_cannot_chat_is_a_form_error(
     assert result["description_placeholders"]["reason"]
 
 
+@contextlib.contextmanager
+def _bodies_sent(entry: MockConfigEntry) -> Iterator[list[dict[str, Any]]]:
+    """The chat request bodies the entry's client sends to the server, meanwhile."""
+    client = entry.runtime_data.backend.client
+    bodies: list[dict[str, Any]] = []
+    real_stream = client.stream_chat
+
+    def recorded(body: dict[str, Any]) -> Any:
+        bodies.append(dict(body))
+        return real_stream(body)
+
+    with patch.object(client, "stream_chat", recorded):
+        yield bodies
+
+
 async def test_conversation_task_actions_and_sensors_through_the_server(
     hass: HomeAssistant, remote_entry: MockConfigEntry
 ) -> None:
@@ -258,15 +276,7 @@ async def test_conversation_task_actions_and_sensors_through_the_server(
     assert response["prompt_tokens"] > 3
     assert response["text"]
 
-    client = entry.runtime_data.backend.client
-    bodies: list[dict[str, Any]] = []
-    real_stream = client.stream_chat
-
-    def recorded(body: dict[str, Any]) -> Any:
-        bodies.append(dict(body))
-        return real_stream(body)
-
-    with patch.object(client, "stream_chat", recorded):
+    with _bodies_sent(entry) as bodies:
         summary = await hass.services.async_call(
             DOMAIN,
             "summarize",
@@ -352,6 +362,36 @@ def _ours(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
         for r in caplog.records
         if r.levelno >= level and r.name.startswith("custom_components.paged_llm")
     ]
+
+
+async def test_assist_tools_reach_the_server_with_the_home_grammar_beside_them(
+    hass: HomeAssistant, small_home: None, remote_entry: MockConfigEntry
+) -> None:
+    """The model is shown Home Assistant's tools; tool_grammar holds them to the home."""
+    entry = remote_entry
+    subentry = next(s for s in entry.subentries.values() if s.subentry_type == "conversation")
+    hass.config_entries.async_update_subentry(
+        entry, subentry, data={**subentry.data, CONF_LLM_HASS_API: [llm.LLM_API_ASSIST]}
+    )
+    await hass.async_block_till_done()
+    with _bodies_sent(entry) as bodies:
+        result = await conversation.async_converse(
+            hass,
+            "Turn on the desk lamp",
+            None,
+            Context(),
+            agent_id=_agent(hass, entry, "conversation"),
+        )
+    assert result.response.response_type is not conversation.intent.IntentResponseType.ERROR
+    # The conversation's own request (the agent's prefix warm-up may be among them).
+    body = next(b for b in bodies if b["messages"][-1]["content"] == "Turn on the desk lamp")
+    shown = {tool["function"]["name"]: tool["function"] for tool in body["tools"]}
+    held = {tool["function"]["name"]: tool["function"] for tool in body["tool_grammar"]}
+    assert held.keys() == shown.keys()
+    turn_on = next(name for name in held if name.endswith("HassTurnOn"))
+    names = list(async_get_home(hass, "conversation").names)
+    assert held[turn_on]["parameters"]["properties"]["name"]["enum"] == names
+    assert "enum" not in shown[turn_on]["parameters"]["properties"]["name"]
 
 
 async def test_server_stopped_and_restarted_under_home_assistant(
