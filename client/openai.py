@@ -74,6 +74,7 @@ def chat_request(
     priority: int | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_grammar: Sequence[Mapping[str, Any]] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
     response_format: Mapping[str, Any] | None = None,
     stream: bool = True,
     repetition_penalty: float | None = None,
@@ -94,6 +95,8 @@ def chat_request(
         "stop": list(stop) or None,
         "priority": priority,
         "response_format": dict(response_format) if response_format else None,
+        # vLLM's and this engine's: the chat template's variables (enable_thinking).
+        "chat_template_kwargs": dict(chat_template_kwargs) if chat_template_kwargs else None,
         # Unsent, the server applies the model's own (this engine and vLLM both do).
         "repetition_penalty": repetition_penalty,
         "frequency_penalty": frequency_penalty or None,

@@ -24,7 +24,14 @@ from .metrics import EngineState, MetricsSnapshot
 from .outputs import RequestOutput, StepTrace
 from .sequence import FinishReason, Priority, SamplingParams
 from .step_thread import STEP_THREAD
-from .validation import check_params, check_priority, check_prompt, check_request_id, check_tools
+from .validation import (
+    check_params,
+    check_priority,
+    check_prompt,
+    check_request_id,
+    check_template_kwargs,
+    check_tools,
+)
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -267,17 +274,26 @@ class AsyncEngine:
         return self._llm.tokenizer
 
     async def tokenize(
-        self, prompt: Prompt, tools: list[dict[str, Any]] | None = None
+        self,
+        prompt: Prompt,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """A prompt's token ids, through the chat template for messages (off the loop)."""
         check_prompt(prompt)
-        return await self._tokenize(prompt, check_tools(tools))
+        checked = check_tools(tools), check_template_kwargs(chat_template_kwargs)
+        return await self._tokenize(prompt, *checked)
 
-    async def _tokenize(self, prompt: Prompt, tools: list[dict[str, Any]] | None) -> list[int]:
+    async def _tokenize(
+        self,
+        prompt: Prompt,
+        tools: list[dict[str, Any]] | None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
         """A checked prompt's ids, off the loop: templating a long document takes milliseconds."""
         engine = self._llm
         return await asyncio.get_running_loop().run_in_executor(
-            None, engine.tokenize, prompt, tools
+            None, engine.tokenize, prompt, tools, chat_template_kwargs
         )
 
     async def compile_constraint(self, params: SamplingParams) -> None:
@@ -333,9 +349,13 @@ class AsyncEngine:
         priority: Priority | str = Priority.INTERACTIVE,
         *,
         tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         request_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; the last one has ``finished`` set and the totals.
+
+        ``tools`` and ``chat_template_kwargs`` (the template's variables) go to the chat
+        template with messages.
 
         Raises InvalidArgument (naming the argument), RequestRejected (admission; a
         request_id that is live already), InvalidSamplingParams, or EngineDeadError.
@@ -344,6 +364,7 @@ class AsyncEngine:
         params = check_params(params)
         priority = check_priority(priority)
         tools = check_tools(tools)
+        chat_template_kwargs = check_template_kwargs(chat_template_kwargs)
         check_request_id(request_id)
         self._check_alive()
         arrival = time.monotonic()
@@ -363,7 +384,7 @@ class AsyncEngine:
         finished = submitted = False
         completion_tokens = 0
         try:
-            token_ids = await self._tokenize(prompt, tools)
+            token_ids = await self._tokenize(prompt, tools, chat_template_kwargs)
             # Compiling a grammar takes up to a second: here, so the step loop finds it.
             await self.compile_constraint(params)
             self._commands.put(_Add(request_id, token_ids, params, priority, arrival))

@@ -32,6 +32,7 @@ from .validation import (
     check_priority,
     check_prompt,
     check_request_id,
+    check_template_kwargs,
     check_token_ids,
     check_tools,
 )
@@ -119,10 +120,19 @@ class LLMEngine:
             eos_token_ids=tuple(loaded.eos_token_ids),
         )
 
-    def tokenize(self, prompt: Prompt, tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """Token ids for plain text, chat messages (through the chat template) or ids as given."""
+    def tokenize(
+        self,
+        prompt: Prompt,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids for plain text, chat messages (through the chat template) or ids as given.
+
+        ``chat_template_kwargs`` are variables for the template (Qwen3's ``enable_thinking``).
+        """
         check_prompt(prompt)
         check_tools(tools)
+        check_template_kwargs(chat_template_kwargs)
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestRejected("empty_prompt", "the prompt is empty")
@@ -133,7 +143,12 @@ class LLMEngine:
         if all(isinstance(t, int) for t in prompt):
             return list(prompt)  # type: ignore[arg-type]
         encoded = self.tokenizer.apply_chat_template(
-            prompt, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=True
+            prompt,
+            tools=tools or None,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            **(chat_template_kwargs or {}),
         )
         return list(encoded["input_ids"])
 

@@ -88,6 +88,42 @@ def check_request_id(request_id: object) -> None:
         )
 
 
+# apply_chat_template's own arguments, which a template's variables must not replace.
+_TEMPLATE_ARGUMENTS = frozenset(
+    {
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+def check_template_kwargs(kwargs: object) -> dict[str, Any] | None:
+    """Variables for the chat template (``enable_thinking``): a dict by name, or None."""
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise InvalidArgument(
+            "chat_template_kwargs", f"chat_template_kwargs must be a dict by name, got {kwargs!r}"
+        )
+    if taken := sorted(_TEMPLATE_ARGUMENTS & kwargs.keys()):
+        raise InvalidArgument(
+            "chat_template_kwargs", f"chat_template_kwargs cannot set {', '.join(taken)}"
+        )
+    return kwargs
+
+
 def check_tools(tools: object) -> list[dict[str, Any]] | None:
     """Tools are a list of dicts (JSON tool definitions) or None."""
     if tools is None:

@@ -56,6 +56,8 @@ class ChatRequest(GenerationRequest):
     # Assistant's home grammar), for decoding only; the prompt shows ``tools``.
     tool_grammar: list[dict[str, Any]] = field(default_factory=list)
     response_format: ResponseFormat = field(default_factory=ResponseFormat)
+    # vLLM's: variables for the chat template, such as Qwen3's enable_thinking.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tool_names(self) -> set[str]:
@@ -298,6 +300,15 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any
     return {"type": "function", "function": {"name": name}}
 
 
+def _template_kwargs(value: Any) -> dict[str, Any]:
+    """``chat_template_kwargs``: an object of the template's variables."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_field("chat_template_kwargs", "must be an object of template variables")
+    return value
+
+
 def _response_format(value: Any) -> ResponseFormat:
     """``response_format``: text, json_object, or json_schema with a schema object."""
     if value is None:
@@ -335,6 +346,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     request.tool_choice = _tool_choice(body.get("tool_choice"), request.tools)
     request.tool_grammar = _tool_grammar(body.get("tool_grammar"), request.tools)
     request.response_format = _response_format(body.get("response_format"))
+    request.chat_template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
     return request
 
 

@@ -101,14 +101,16 @@ def sampling_params(
 async def tokenize(host: EngineHost, request: ChatRequest | CompletionRequest) -> list[int]:
     """Prompt token ids, off the event loop; a template that refuses the messages is a 400."""
     engine = host.engine
+    kwargs = None
     if isinstance(request, CompletionRequest):
         prompt: Any = request.prompt
         tools = None
         param = "prompt"
     else:
         prompt, tools, param = request.messages, request.template_tools, "messages"
+        kwargs = request.chat_template_kwargs or None
     try:
-        return await engine.tokenize(prompt, tools)
+        return await engine.tokenize(prompt, tools, kwargs)
     except Exception as err:
         from paged_llm.engine.errors import EngineError
 

@@ -11,7 +11,12 @@ from collections.abc import Callable
 import pytest
 
 from paged_llm.engine.async_engine import AsyncEngine
-from paged_llm.engine.errors import EngineDeadError, InvalidSamplingParams, RequestRejected
+from paged_llm.engine.errors import (
+    EngineDeadError,
+    InvalidArgument,
+    InvalidSamplingParams,
+    RequestRejected,
+)
 from paged_llm.engine.metrics import MetricsSnapshot
 from paged_llm.engine.sequence import FinishReason, Priority, SamplingParams
 
@@ -370,3 +375,45 @@ async def test_a_duplicate_id_is_refused_and_the_first_request_finishes_whatever
 async def _drain(stream):
     """Every output of a stream."""
     return [out async for out in stream]
+
+
+# A reasoning switch as Qwen3's template has it: off, an empty think block opens the answer.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+)
+
+
+async def test_template_variables_reach_the_chat_template_and_bad_ones_are_named() -> None:
+    """``chat_template_kwargs`` switch thinking off; the template's own arguments are refused."""
+    engine = await started()
+    tokenizer = engine.tokenizer
+    saved = tokenizer.chat_template
+    tokenizer.chat_template = THINKING_TEMPLATE
+    messages = [{"role": "user", "content": "Lights on"}]
+    try:
+        plain = tokenizer.decode(await engine.tokenize(messages))
+        off = tokenizer.decode(await engine.tokenize(messages, None, {"enable_thinking": False}))
+        on = tokenizer.decode(await engine.tokenize(messages, None, {"enable_thinking": True}))
+        assert plain == on
+        assert off == plain + "<think>\n\n</think>\n\n"
+        outs = await collect_with(engine, messages, {"enable_thinking": False})
+        assert outs[-1].prompt_tokens == len(
+            await engine.tokenize(messages, None, {"enable_thinking": False})
+        )
+        for bad, message in (({"tools": []}, "cannot set tools"), (["x"], "a dict by name")):
+            with pytest.raises(InvalidArgument, match=message):
+                await engine.tokenize(messages, None, bad)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgument, match=message):
+                await collect_with(engine, messages, bad)  # type: ignore[arg-type]
+        assert engine.is_running
+    finally:
+        tokenizer.chat_template = saved
+        await engine.stop()
+
+
+async def collect_with(engine: AsyncEngine, messages, kwargs):
+    """A short request's outputs, its messages templated with ``kwargs``."""
+    params = SamplingParams(max_tokens=2)
+    return [out async for out in engine.generate(messages, params, chat_template_kwargs=kwargs)]

@@ -50,6 +50,9 @@ SCHEMA = {"name": "x", "schema": {"type": "object"}}
 USER = [{"role": "user", "content": "x"}]
 
 
+ON = {"parameters": {"type": "object", "properties": {"on": {"const": True}}}}
+
+
 def test_chat_request_fields() -> None:
     request = parse_chat_request(
         {
@@ -70,6 +73,8 @@ def test_chat_request_fields() -> None:
             "tools": [{"type": "function", "function": {"name": "lights"}}],
             "tool_choice": {"type": "function", "function": {"name": "lights"}},
             "response_format": {"type": "json_schema", "json_schema": SCHEMA},
+            "chat_template_kwargs": {"enable_thinking": False},
+            "tool_grammar": [{"type": "function", "function": {"name": "lights", **ON}}],
         }
     )  # fmt: skip
     assert request.messages[0] == {"role": "system", "content": "Be brief."}
@@ -86,6 +91,8 @@ def test_chat_request_fields() -> None:
     assert request.include_usage
     assert request.tool_names == {"lights"}
     assert request.response_format.schema == {"type": "object"}
+    assert request.chat_template_kwargs == {"enable_thinking": False}
+    assert request.grammar_tools == request.tool_grammar != request.tools
 
 
 @pytest.mark.parametrize(
@@ -100,6 +107,9 @@ def test_chat_request_fields() -> None:
         ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
         ({"messages": USER, "logprobs": True}, "logprobs"),
         ({"messages": USER, "presence_penalty": 5}, "presence_penalty"),
+        ({"messages": USER, "chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+        ({"messages": USER, "tool_grammar": [{"type": "function", "function": {"name": "x"}}]},
+         "tool_grammar"),
     ],
 )  # fmt: skip
 def test_chat_request_errors_name_the_field(body: object, param: str | None) -> None:
