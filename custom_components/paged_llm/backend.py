@@ -25,6 +25,8 @@ class Sampling:
     # Tools (OpenAI function format) whose calls decoding is held to, where the backend
     # enforces it: text, or calls in the model's own format that fit these tools.
     tool_grammar: list[dict[str, Any]] | None = None
+    # For chat templates with a reasoning switch (enable_thinking); None: the template's own.
+    thinking: bool | None = None
     # vLLM's definitions; 1 and 0 turn them off. None: the model's own repetition penalty.
     repetition_penalty: float | None = None
     frequency_penalty: float = 0.0

@@ -71,6 +71,7 @@ from .const import (
     CONF_MAX_NUM_SEQS,
     CONF_MAX_TOKENS,
     CONF_TEMPERATURE,
+    CONF_THINK,
     CONF_WEIGHTS,
     DEFAULT_AI_TASK_NAME,
     DEFAULT_BLOCK_SIZE,
@@ -86,6 +87,7 @@ from .const import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SERVER_URL,
     DEFAULT_TEMPERATURE,
+    DEFAULT_THINK,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WEIGHTS,
     DEVICES,
@@ -123,6 +125,7 @@ RECOMMENDED_CONVERSATION_OPTIONS: dict[str, Any] = {
     CONF_TEMPERATURE: DEFAULT_TEMPERATURE,
     CONF_MAX_HISTORY: DEFAULT_MAX_HISTORY,
     CONF_HOME_GRAMMAR: DEFAULT_HOME_GRAMMAR,
+    CONF_THINK: DEFAULT_THINK,
 }
 RECOMMENDED_AI_TASK_OPTIONS: dict[str, Any] = {
     CONF_MAX_TOKENS: DEFAULT_MAX_TOKENS,
@@ -807,6 +810,10 @@ def agent_option_schema(
                     description={
                         "suggested_value": options.get(CONF_HOME_GRAMMAR, DEFAULT_HOME_GRAMMAR)
                     },
+                ): BooleanSelector(),
+                probatio.Optional(
+                    CONF_THINK,
+                    description={"suggested_value": options.get(CONF_THINK, DEFAULT_THINK)},
                 ): BooleanSelector(),
             }
         )

@@ -64,11 +64,14 @@ CONF_TEMPERATURE: Final = "temperature"
 CONF_MAX_HISTORY: Final = "max_history"
 # Hold Assist tools' targets (names, areas, floors...) to what exists in the home.
 CONF_HOME_GRAMMAR: Final = "home_grammar"
+# Let a reasoning model (a chat template with enable_thinking, as Qwen3's) think first.
+CONF_THINK: Final = "think"
 
 DEFAULT_MAX_TOKENS: Final = 256
 DEFAULT_TEMPERATURE: Final = 0.7
 DEFAULT_MAX_HISTORY: Final = 20
 DEFAULT_HOME_GRAMMAR: Final = True
+DEFAULT_THINK: Final = False  # a voice answer should not wait on reasoning nobody hears
 MAX_MAX_TOKENS: Final = 32768
 
 SUBENTRY_CONVERSATION: Final = "conversation"

@@ -311,7 +311,10 @@ class EmbeddedBackend:
                 presence_penalty=sampling.presence_penalty,
             )
             params = await self._constrain(params, sampling)
-            async for out in self.engine.generate(prompt, params, priority, tools=tools):
+            kwargs = self._template_kwargs(sampling) if templated else None
+            async for out in self.engine.generate(
+                prompt, params, priority, tools=tools, chat_template_kwargs=kwargs
+            ):
                 yield Delta(
                     text=out.text,
                     finished=out.finished,
@@ -323,6 +326,13 @@ class EmbeddedBackend:
         except EngineError as err:
             crashed = isinstance(err, EngineDeadError) and self.engine.error is not None
             raise backend_error(err, restart=crashed) from err
+
+    def _template_kwargs(self, sampling: Sampling) -> dict[str, Any] | None:
+        """The chat template's reasoning switch, where it has one and the agent sets it."""
+        template = chat_template(self._tokenizer()) or ""
+        if sampling.thinking is None or "enable_thinking" not in template:
+            return None
+        return {"enable_thinking": sampling.thinking}
 
     async def _constrain(self, params: SamplingParams, sampling: Sampling) -> SamplingParams:
         """Hold decoding to the response format, or to text-or-calls of the offered tools.

@@ -19,13 +19,16 @@ from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
     CONF_TEMPERATURE,
+    CONF_THINK,
     DEFAULT_HOME_GRAMMAR,
     DEFAULT_MAX_HISTORY,
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
+    DEFAULT_THINK,
     DOMAIN,
     MAX_TOOL_ITERATIONS,
     STRUCTURE_FREQUENCY_PENALTY,
+    SUBENTRY_CONVERSATION,
 )
 from .home_grammar import async_get_home, grammar_tools
 from .prompt import (
@@ -123,7 +126,14 @@ class PagedLLMBaseLLMEntity(Entity):
             tools = [format_tool(tool, serializer) for tool in chat_log.llm_api.tools]
             tool_names = {tool.name for tool in chat_log.llm_api.tools}
             grammar = self._grammar_tools(chat_log.llm_api, tools)
-        sampling = agent_sampling(settings, tool_grammar=grammar)
+        # Conversation agents have the option (thinking off for voice); an AI task keeps the
+        # template's own default.
+        thinking = (
+            bool(settings.get(CONF_THINK, DEFAULT_THINK))
+            if self.subentry.subentry_type == SUBENTRY_CONVERSATION
+            else None
+        )
+        sampling = agent_sampling(settings, tool_grammar=grammar, thinking=thinking)
         json_instruction = None
         if structure:
             schema = structure_schema(structure, serializer)

@@ -163,6 +163,10 @@ class RemoteBackend:
             priority=to_vllm(priority),
             tools=tools,
             tool_grammar=sampling.tool_grammar if tools else None,
+            # vLLM and paged-llm serve pass it to the template; one without the switch ignores it
+            chat_template_kwargs=(
+                None if sampling.thinking is None else {"enable_thinking": sampling.thinking}
+            ),
             response_format=sampling.response_format,
             repetition_penalty=sampling.repetition_penalty,
             frequency_penalty=sampling.frequency_penalty,

@@ -307,6 +307,7 @@ async def test_conversation_subentry_flow(
         "temperature",
         "max_history",
         "home_grammar",
+        "think",
     }
     result = await hass.config_entries.subentries.async_configure(
         result["flow_id"],
@@ -318,6 +319,7 @@ async def test_conversation_subentry_flow(
             "temperature": 0.3,
             "max_history": 4.0,
             "home_grammar": False,
+            "think": True,
         },
     )
     assert result["type"] is FlowResultType.CREATE_ENTRY
@@ -329,6 +331,7 @@ async def test_conversation_subentry_flow(
         "temperature": 0.3,
         "max_history": 4,
         "home_grammar": False,
+        "think": True,
     }
     await hass.async_block_till_done()
     (subentry_id,) = set(entry.subentries) - before

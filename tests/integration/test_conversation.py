@@ -177,7 +177,13 @@ class _StandInEngine:
         await self.real.compile_constraint(params)
 
     async def generate(
-        self, prompt: Any, params: Any, priority: Any, *, tools: Any = None
+        self,
+        prompt: Any,
+        params: Any,
+        priority: Any,
+        *,
+        tools: Any = None,
+        chat_template_kwargs: Any = None,
     ) -> AsyncIterator[RequestOutput]:
         self.prompts.append(prompt)
         pieces = self.answers.pop(0)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import patch
 
-from homeassistant.components import conversation
+from homeassistant.components import ai_task, conversation
 from homeassistant.components.conversation import async_get_chat_log
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import chat_session
+from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 from test_conversation import _conversation_entity_id, _StandInEngine
 
+from custom_components.paged_llm.const import CONF_THINK, DOMAIN
 from custom_components.paged_llm.reasoning import ThinkSplitter
 
 
@@ -66,3 +69,49 @@ async def test_reasoning_is_kept_as_thinking_content_not_speech(
     assert answer.thinking_content == "The user wants the time."
     assert answer.content == "It is noon."
     assert "think" not in "".join(d.get("content") or "" for d in deltas)
+
+
+# A reasoning switch as Qwen3's template has it: off, an empty think block opens the answer.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+)
+
+
+async def test_thinking_is_off_for_voice_unless_the_agent_turns_it_on(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    """A template with a reasoning switch gets enable_thinking from the conversation agent
+    (off by default); an AI task leaves the template's own default."""
+    entry = init_integration
+    engine = entry.runtime_data.backend.engine
+    tokenizer = engine.tokenizer
+    saved = tokenizer.chat_template
+    tokenizer.chat_template = THINKING_TEMPLATE
+    real_generate = engine.generate
+    seen: list[Any] = []
+
+    def observed(prompt: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        if params.max_tokens > 1:  # not the agent's prefix warm-up
+            seen.append(kwargs.get("chat_template_kwargs"))
+        return real_generate(prompt, params, *args, **kwargs)
+
+    subentry = next(s for s in entry.subentries.values() if s.subentry_type == "conversation")
+    agent = _conversation_entity_id(hass, entry)
+    try:
+        with patch.object(engine, "generate", observed):
+            await conversation.async_converse(hass, "Hi", None, Context(), agent_id=agent)
+            hass.config_entries.async_update_subentry(
+                entry, subentry, data={**subentry.data, CONF_THINK: True}
+            )
+            await hass.async_block_till_done()
+            await conversation.async_converse(hass, "Hi", None, Context(), agent_id=agent)
+            task = next(s for s in entry.subentries.values() if s.subentry_type == "ai_task_data")
+            task_id = er.async_get(hass).async_get_entity_id("ai_task", DOMAIN, task.subentry_id)
+            await ai_task.async_generate_data(
+                hass, task_name="t", entity_id=task_id, instructions="Hi"
+            )
+    finally:
+        tokenizer.chat_template = saved
+    assert seen == [{"enable_thinking": False}, {"enable_thinking": True}, None]

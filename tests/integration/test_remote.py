@@ -392,6 +392,8 @@ async def test_assist_tools_reach_the_server_with_the_home_grammar_beside_them(
     names = list(async_get_home(hass, "conversation").names)
     assert held[turn_on]["parameters"]["properties"]["name"]["enum"] == names
     assert "enum" not in shown[turn_on]["parameters"]["properties"]["name"]
+    # A voice agent asks a template with a reasoning switch not to think.
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
 
 
 async def test_server_stopped_and_restarted_under_home_assistant(
