@@ -235,7 +235,7 @@ def load_gguf_model(
     ``fit(config)`` gives the dtype of what is held in memory (and refuses a dense model
     that memory cannot hold). Without ``in_place`` every tensor is dequantized into memory
     (the exact float path). Every failure is a ModelLoadError naming the file and tensor.
-    ``progress`` gets the done fraction of the tensors.
+    ``progress`` gets the done fraction of the tensors, 1.0 once they are all placed.
     """
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
@@ -278,6 +278,8 @@ def load_gguf_model(
         else:
             dense[hf_name] = _dequantized(file, processor, tensor, dtype)
             counts[1][kind] = counts[1].get(kind, 0) + 1
+    if progress is not None:
+        progress(1.0)
     for owner, matrix in kept.items():
         if owner == embedding_name:
             new: torch.nn.Module = GGUFEmbedding(matrix, dtype)

@@ -121,6 +121,16 @@ def publish_folder(tmp: Path, folder: Path) -> None:
 
 
 Progress = Callable[[float], None]
+# The part of a GGUF load's progress reported once the kernels are there (built on a first
+# start, for seconds); the metadata and the tensors take the rest.
+KERNELS_SHARE = 0.1
+
+
+def _scaled(progress: Progress, start: float) -> Progress:
+    """``progress`` for a part of the load that takes the fractions from ``start`` to 1."""
+    return lambda fraction: progress(start + (1.0 - start) * fraction)
+
+
 # Picks the dtype to load a model in from its config (memory.fit_dtype, bound to settings).
 DtypeFit = Callable[[Any], torch.dtype]
 
@@ -146,6 +156,10 @@ def _load_gguf(
 
     cache_dir = config.cache_dir
     in_place = fmt is WeightFormat.AUTO and device.type == "cpu"
+    if progress is not None:
+        # Begun: a dialog shows a spinner until a fraction above 0 comes, and a first
+        # start builds the kernels for seconds before the tensors' fractions.
+        progress(0.01)
     if in_place:
         reason = gguf_kernels.unavailable(None if cache_dir is None else cache_dir / "kernels")
         if reason is not None:
@@ -153,7 +167,10 @@ def _load_gguf(
                 "%s loads dense: the GGUF CPU kernels are unavailable (%s)", gguf, reason
             )
             in_place = False
-    loaded = load_gguf_model(gguf, fit, in_place, cache_dir, progress)
+    if progress is not None:
+        progress(KERNELS_SHARE)
+    tensors = None if progress is None else _scaled(progress, KERNELS_SHARE)
+    loaded = load_gguf_model(gguf, fit, in_place, cache_dir, tensors)
     if not in_place:
         return loaded.model, loaded.tokenizer, loaded.dtype, None
     kept = ", ".join(f"{n} {kind}" for kind, n in sorted(loaded.kept.items()))

@@ -119,6 +119,8 @@ if TYPE_CHECKING:
     from .runtime import PagedLLMConfigEntry
 
 BUNDLED_LABEL = "SmolLM2 135M Instruct (bundled, works offline)"
+# How often the loading dialog is told the load's progress again (seconds).
+PROGRESS_REPEAT_S = 1.0
 RECOMMENDED_CONVERSATION_OPTIONS: dict[str, Any] = {
     CONF_PROMPT: DEFAULT_INSTRUCTIONS,
     CONF_MAX_TOKENS: DEFAULT_MAX_TOKENS,
@@ -574,12 +576,33 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         module = await async_import_engine(self.hass)
         config = engine_config(self.hass, self._data)
         loop = self.hass.loop
+        latest: list[float] = []
+
+        def show(fraction: float) -> None:
+            """Show the load's progress in the dialog."""
+            latest[:] = [fraction]
+            self.async_update_progress(fraction)
 
         def report(fraction: float) -> None:
-            """Show a conversion's progress in the dialog (called from a worker thread)."""
-            loop.call_soon_threadsafe(self.async_update_progress, fraction)
+            """The loader's progress (called from its thread)."""
+            loop.call_soon_threadsafe(show, fraction)
 
-        return EmbeddedBackend(await module.start_engine(config, report))
+        async def repeat() -> None:
+            """Say the latest fraction again every second, for a dialog that opened after it.
+
+            An update sent before the dialog listened is not replayed, and a first start
+            builds its kernels for seconds before the next one.
+            """
+            while True:
+                await asyncio.sleep(PROGRESS_REPEAT_S)
+                if latest:
+                    self.async_update_progress(latest[0])
+
+        repeating = self.hass.async_create_background_task(repeat(), f"{DOMAIN} load progress")
+        try:
+            return EmbeddedBackend(await module.start_engine(config, report))
+        finally:
+            repeating.cancel()
 
     async def async_step_load(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
         """Load the model in the background while the user waits on a progress step."""
