@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -38,6 +39,10 @@ from .metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
     from paged_llm.engine.outputs import RequestOutput
+
+_LOGGER = logging.getLogger(__name__)
+# tool_grammar refusals already logged: one line each, not one per request.
+_GRAMMAR_REFUSED: set[str] = set()
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
@@ -94,7 +99,34 @@ async def _prepare(
     ids = await tokenize(host, body)
     template = getattr(engine.tokenizer, "chat_template", None)
     params = sampling_params(body, len(ids), host.max_request_tokens, default_max, template)
+    if isinstance(body, ChatRequest) and body.tool_grammar:
+        params = await _narrowed_or_plain(host, body, params, len(ids), default_max, template)
     return host, ids, params
+
+
+async def _narrowed_or_plain(
+    host: EngineHost,
+    body: ChatRequest,
+    params: Any,
+    prompt_len: int,
+    default_max: int | None,
+    template: str | None,
+) -> Any:
+    """``params`` when tool_grammar compiles, else those of the tools as sent (logged once).
+
+    The narrowed schemas are a hint for decoding; a request does not fail on them.
+    """
+    from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
+
+    try:
+        await host.engine.compile_constraint(params)
+    except (InvalidSamplingParams, RequestRejected) as err:
+        if str(err) not in _GRAMMAR_REFUSED:
+            _GRAMMAR_REFUSED.add(str(err))
+            _LOGGER.warning("tool_grammar cannot be enforced, the tools are: %s", err)
+        body.tool_grammar = []
+        return sampling_params(body, prompt_len, host.max_request_tokens, default_max, template)
+    return params
 
 
 @dataclass(slots=True)

@@ -25,6 +25,9 @@ class Sampling:
     # Tools (OpenAI function format) whose calls decoding is held to, where the backend
     # enforces it: text, or calls in the model's own format that fit these tools.
     tool_grammar: list[dict[str, Any]] | None = None
+    # The offered tools as they are, held to when tool_grammar (narrowed to the home) cannot
+    # be compiled; None when tool_grammar is them.
+    plain_tools: list[dict[str, Any]] | None = None
     # For chat templates with a reasoning switch (enable_thinking); None: the template's own.
     thinking: bool | None = None
     # vLLM's definitions; 1 and 0 turn them off. None: the model's own repetition penalty.

@@ -148,6 +148,17 @@ def backend_error(err: EngineError, restart: bool = False) -> BackendError:
     return BackendError("generation_failed", info.message)
 
 
+# Causes of unconstrained decoding already logged: one line each, not one per request.
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Log a warning the first time it is met."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        LOGGER.warning(message)
+
+
 class EmbeddedBackend:
     """Runs requests on an AsyncEngine in this process, unloading it when idle if asked."""
 
@@ -337,8 +348,10 @@ class EmbeddedBackend:
     async def _constrain(self, params: SamplingParams, sampling: Sampling) -> SamplingParams:
         """Hold decoding to the response format, or to text-or-calls of the offered tools.
 
-        A schema the grammar library cannot handle must not fail the request: the answer
-        is then generated freely (and an AI task's answer is still checked).
+        A schema the grammar library cannot handle must not fail the request: tools
+        narrowed to the home fall back to the tools as offered, and what still cannot be
+        compiled is generated freely (an AI task's answer is still checked); each cause is
+        logged once.
         """
         from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
         from paged_llm.engine.frontend import Constraint
@@ -346,22 +359,25 @@ class EmbeddedBackend:
         response_format = sampling.response_format or {}
         template = None
         if response_format.get("type") == "json_schema":
-            constraint = Constraint(json_schema=response_format["json_schema"]["schema"])
+            constraints = [Constraint(json_schema=response_format["json_schema"]["schema"])]
         elif response_format.get("type") == "json_object":
-            constraint = Constraint(json_object=True)
+            constraints = [Constraint(json_object=True)]
         elif sampling.tool_grammar:
-            constraint = Constraint(tools=sampling.tool_grammar)
+            tool_lists = [sampling.tool_grammar, sampling.plain_tools]
+            constraints = [Constraint(tools=tools) for tools in tool_lists if tools]
             # A template that knows no tools gets the Hermes instructions in the prompt.
             template = chat_template(self._tokenizer()) if self.native_tools else None
         else:
             return params
-        try:
-            constrained = dataclasses.replace(params, **constraint.fields(template))
-            await self.engine.compile_constraint(constrained)
-        except (InvalidSamplingParams, RequestRejected, ValueError) as err:
-            LOGGER.warning("Decoding is not constrained: %s", err)
-            return params
-        return constrained
+        for constraint in constraints:
+            try:
+                constrained = dataclasses.replace(params, **constraint.fields(template))
+                await self.engine.compile_constraint(constrained)
+            except (InvalidSamplingParams, RequestRejected, ValueError) as err:
+                _warn_once(f"The grammar library refused a constraint: {err}")
+                continue
+            return constrained
+        return params
 
     def metrics(self) -> MetricsSnapshot:
         """The engine's latest snapshot."""

@@ -133,7 +133,12 @@ class PagedLLMBaseLLMEntity(Entity):
             if self.subentry.subentry_type == SUBENTRY_CONVERSATION
             else None
         )
-        sampling = agent_sampling(settings, tool_grammar=grammar, thinking=thinking)
+        sampling = agent_sampling(
+            settings,
+            tool_grammar=grammar,
+            plain_tools=tools if grammar is not tools else None,
+            thinking=thinking,
+        )
         json_instruction = None
         if structure:
             schema = structure_schema(structure, serializer)

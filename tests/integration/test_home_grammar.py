@@ -6,6 +6,7 @@ import json
 from typing import Any
 from unittest.mock import patch
 
+import pytest
 from homeassistant.components import conversation
 from homeassistant.const import CONF_LLM_HASS_API
 from homeassistant.core import Context, HomeAssistant
@@ -13,6 +14,7 @@ from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import intent, llm
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
+from custom_components.paged_llm.backend import Sampling
 from custom_components.paged_llm.const import CONF_HOME_GRAMMAR, DOMAIN
 from custom_components.paged_llm.home_grammar import (
     MAX_VALUES,
@@ -191,3 +193,32 @@ async def test_the_agent_holds_its_calls_to_the_home_unless_turned_off(
     on = {CONF_LLM_HASS_API: [llm.LLM_API_ASSIST]}
     assert await names_in_grammar(on) == list(async_get_home(hass, ASSISTANT).names)
     assert await names_in_grammar({**on, CONF_HOME_GRAMMAR: False}) is None
+
+
+async def test_a_narrowed_grammar_that_cannot_compile_falls_back_to_the_plain_tools(
+    hass: HomeAssistant, init_integration: MockConfigEntry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No request fails on the home grammar; the cause is logged once, not per request."""
+    backend = init_integration.runtime_data.backend
+    plain = {
+        "type": "function",
+        "function": {
+            "name": "HassTurnOn",
+            "parameters": {"type": "object", "properties": {"name": {"type": "string"}}},
+        },
+    }
+    refused = {
+        "type": "function",
+        "function": {
+            "name": "HassTurnOn",
+            "parameters": {"type": "object", "properties": {"name": {"$ref": "#/nowhere"}}},
+        },
+    }
+    sampling = Sampling(max_tokens=8, temperature=0, tool_grammar=[refused], plain_tools=[plain])
+    for _ in range(2):
+        params = await backend._constrain(SamplingParams(max_tokens=8), sampling)
+        tag = json.loads(params.structural_tag)
+        (call,) = tag["format"]["tags"]
+        assert call["content"]["json_schema"] == plain["function"]["parameters"]
+    refusals = [r for r in caplog.records if "refused a constraint" in r.getMessage()]
+    assert len(refusals) == 1

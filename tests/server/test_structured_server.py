@@ -183,10 +183,27 @@ async def check_tool_grammar(client) -> None:
             extra_body={"tool_grammar": [FAN_TOOL]},
         )
     assert err.value.body["param"] == "tool_grammar"  # type: ignore[index]
+    # Narrowed schemas the grammar library refuses fall back to the tools as sent.
+    refused = {"type": "function", "function": {**narrow["function"], "parameters": BAD_SCHEMA}}
+    response = await client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=128,
+        temperature=0,
+        tools=[free],
+        tool_choice={"type": "function", "function": {"name": "set_light"}},
+        extra_body={"tool_grammar": [refused]},
+    )
+    calls = response.choices[0].message.tool_calls
+    assert calls
+    assert all(isinstance(json.loads(c.function.arguments)["room"], str) for c in calls)
+
+
+BAD_SCHEMA = {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}
 
 
 async def check_bad_schema(client) -> None:
-    bad = {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}
+    bad = BAD_SCHEMA
     with pytest.raises(openai.BadRequestError) as err:
         await client.chat.completions.create(
             model="tiny",
