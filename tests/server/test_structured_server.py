@@ -162,18 +162,23 @@ async def check_tool_grammar(client) -> None:
             },
         },
     }
-    response = await client.chat.completions.create(
-        model="tiny",
-        messages=MESSAGES,
-        max_tokens=128,
-        temperature=0,
-        tools=[free],
-        tool_choice={"type": "function", "function": {"name": "set_light"}},
-        extra_body={"tool_grammar": [narrow]},
-    )
-    calls = response.choices[0].message.tool_calls
-    assert calls
-    assert [json.loads(c.function.arguments) for c in calls] == [{"room": room}]
+
+    async def forced_arguments(grammar: dict[str, Any]) -> list[dict[str, Any]]:
+        """The arguments of set_light's forced calls, shown ``free``, held to ``grammar``."""
+        response = await client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=128,
+            temperature=0,
+            tools=[free],
+            tool_choice={"type": "function", "function": {"name": "set_light"}},
+            extra_body={"tool_grammar": [grammar]},
+        )
+        calls = response.choices[0].message.tool_calls
+        assert calls
+        return [json.loads(c.function.arguments) for c in calls]
+
+    assert await forced_arguments(narrow) == [{"room": room}]
     with pytest.raises(openai.BadRequestError) as err:
         await client.chat.completions.create(
             model="tiny",
@@ -185,18 +190,7 @@ async def check_tool_grammar(client) -> None:
     assert err.value.body["param"] == "tool_grammar"  # type: ignore[index]
     # Narrowed schemas the grammar library refuses fall back to the tools as sent.
     refused = {"type": "function", "function": {**narrow["function"], "parameters": BAD_SCHEMA}}
-    response = await client.chat.completions.create(
-        model="tiny",
-        messages=MESSAGES,
-        max_tokens=128,
-        temperature=0,
-        tools=[free],
-        tool_choice={"type": "function", "function": {"name": "set_light"}},
-        extra_body={"tool_grammar": [refused]},
-    )
-    calls = response.choices[0].message.tool_calls
-    assert calls
-    assert all(isinstance(json.loads(c.function.arguments)["room"], str) for c in calls)
+    assert all(isinstance(args["room"], str) for args in await forced_arguments(refused))
 
 
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}
