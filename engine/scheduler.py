@@ -22,6 +22,13 @@ PASSING_AGING_PERIODS = 3
 # interactive_step_seconds (a tiny cached prompt must not stall background prefill).
 FOCUS_SMOOTHING = 0.25
 BUDGET_FLOOR_SHARE = 0.5
+# After the hold the step budget grows back by this many seconds per second of quiet: a
+# query soon after the hold finds short steps, while a long quiet gets long, efficient ones.
+QUIET_GROWTH = 0.1
+# No step under the latency policy lasts longer than this, however long the quiet: a request
+# that arrives unannounced waits for the step in flight (a 512-token prefill of a 1-4B model
+# takes several seconds on a few CPU cores), and per-step costs are small at this length.
+LONGEST_STEP_SECONDS = 2.0
 
 
 @dataclass(slots=True)
@@ -321,11 +328,14 @@ class Scheduler:
     def _step_time(self, now: float) -> tuple[float | None, bool]:
         """The time budget for other classes' prefill, and whether the step is a focus step.
 
-        None means the token budget rules; a focus step (interactive prefill waits) runs
-        interactive work alone, for at most one budget's time in a row. The budget holds
-        while interactive work runs, waits or is announced, and for
-        ``interactive_hold_seconds`` after: a conversation's next voice query, or one an
-        Assist satellite announced, then never lands in a long step.
+        None means the token budget rules (the fixed policy, or a cost model still
+        learning); a focus step (interactive prefill waits) runs interactive work alone,
+        for at most one budget's time in a row. The budget holds while interactive work
+        runs, waits or is announced, and for ``interactive_hold_seconds`` after: a
+        conversation's next voice query, or one an Assist satellite announced, then never
+        lands in a long step. After the hold it grows with the quiet (QUIET_GROWTH) up to
+        LONGEST_STEP_SECONDS, so the change to long steps is gradual and no step is long
+        enough to stall an unannounced query.
         """
         cfg = self.config
         if cfg.step_policy is not StepPolicy.LATENCY or not self.cost_model.ready:
@@ -342,7 +352,8 @@ class Scheduler:
             self._last_interactive = now
         if not self._held(now):
             self._focus_since = None
-            return None, False
+            quiet = now - self._last_interactive - cfg.interactive_hold_seconds
+            return min(LONGEST_STEP_SECONDS, self._budget() + QUIET_GROWTH * quiet), False
         seconds = self._budget()
         # Focus steps in a row end once they have lasted interactive_step_seconds; the
         # others then run a step, so a stream of voice queries or one long voice prompt

@@ -9,7 +9,7 @@ import pytest
 
 from paged_llm.engine.config import SchedulerConfig
 from paged_llm.engine.kv.paged import KVCacheManager
-from paged_llm.engine.scheduler import Scheduler
+from paged_llm.engine.scheduler import LONGEST_STEP_SECONDS, Scheduler
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.step_cost import ATTENTION_UNIT, StepCostModel, StepShape
 
@@ -87,12 +87,14 @@ def make(policy: str) -> tuple[Scheduler, StepTimer]:
     return Scheduler(config, KVCacheManager(1024, 16), clock=timer, timer=timer), timer
 
 
-def run_step(sched: Scheduler, timer: StepTimer) -> tuple[list[tuple[str, int]], float]:
+def run_step(
+    sched: Scheduler, timer: StepTimer, scale: float = 1.0
+) -> tuple[list[tuple[str, int]], float]:
     out = sched.schedule()
     shape = StepShape()
     for c in out.chunks:
         shape.add(c.start, c.num_tokens)
-    cost = true_cost(shape)
+    cost = scale * true_cost(shape)
     timer.now += cost
     sched.update(out, {c.seq.request_id: 7 for c in out.chunks if c.samples})
     return [(c.seq.request_id, c.num_tokens) for c in out.chunks], cost
@@ -130,8 +132,11 @@ def test_background_prefill_fits_the_time_budget_only_while_voice_runs(policy: s
         chunks, cost = run_step(sched, timer)
         assert chunks[0][1] < 512
         assert cost <= 0.05 * 1.02
-        # ... then the step takes the full token budget again.
+        # ... then the steps grow back with the quiet, to the full token budget.
         timer.now += sched.config.interactive_hold_seconds
+        chunks, _ = run_step(sched, timer)
+        assert chunks[0][1] < 512
+        timer.now += 30.0
         chunks, _ = run_step(sched, timer)
         assert chunks == [("doc", 512)]
 
@@ -209,8 +214,8 @@ def test_a_voice_answer_decodes_near_its_idle_step_time_while_a_document_is_read
     # Everyone else moved on meanwhile: the document's prompt and every decode.
     assert sched.get("doc").num_computed_tokens > doc_before  # type: ignore[union-attr]
     assert min(tokens.values()) >= 10, tokens
-    # Voice done and the hold over: the whole token budget again.
-    timer.now += sched.config.interactive_hold_seconds + 0.1
+    # Voice done, the hold over and a long quiet after: the whole token budget again.
+    timer.now += sched.config.interactive_hold_seconds + 30.0
     chunks, _ = run_step(sched, timer)
     assert dict(chunks)["doc"] > 256
 
@@ -283,8 +288,29 @@ def test_voice_elsewhere_or_announced_keeps_steps_within_the_budget_for_the_hold
         assert cost <= 0.05 * 1.02
     timer.now += sched.config.interactive_hold_seconds + 0.1  # no voice came after all
     assert not sched.step_budget_held()
+    grown = [run_step(sched, timer)[0][0][1] for _ in range(3)]
+    assert grown == sorted(grown)  # growing back with the quiet ...
+    assert grown[0] < 512
+    timer.now += 30.0
     chunks, _ = run_step(sched, timer)
-    assert chunks == [("doc", 512)]
+    assert chunks == [("doc", 512)]  # ... to the whole token budget
+
+
+@pytest.mark.parametrize("policy", ["latency", "fixed"])
+def test_no_step_outlasts_the_longest_step_when_a_step_of_the_token_budget_is_slow(
+    policy: str,
+) -> None:
+    """A big model on a few cores: 512 tokens take ~10 s, so an unannounced voice waits."""
+    sched, timer = make(policy)
+    sched.add(seq("doc", 8000, Priority.BACKGROUND, 4))
+    # Every step costs 50 times the usual.
+    costs = [run_step(sched, timer, scale=50.0)[1] for _ in range(30)]
+    if policy == "fixed":
+        assert min(costs[:10]) > 5.0  # every step of the token budget
+    else:
+        # Once the cost model learned (8 steps), each step fits the longest step's time.
+        assert max(costs[10:]) <= LONGEST_STEP_SECONDS * 1.02
+        assert min(costs[10:]) > LONGEST_STEP_SECONDS * 0.8  # and uses it
 
 
 def test_the_fixed_policy_ignores_an_announced_voice() -> None:
