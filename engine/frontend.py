@@ -9,13 +9,14 @@ errors (an HTTP status, a translated Home Assistant error).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .async_engine import AsyncEngine
 from .config import EngineConfig
-from .errors import EngineError, InvalidArgument, InvalidSamplingParams
+from .errors import EngineError, InvalidArgument, InvalidSamplingParams, RequestRejected
 from .sequence import SamplingParams
 from .tool_grammar import detect_tool_call_format, tool_call_structural_tag
 
@@ -38,6 +39,9 @@ _PARAMS = {
     "context_too_long": "max_tokens",
     "exceeds_kv_pool": "max_tokens",
 }
+
+# Refusals of the grammar library already logged: a home's schema is refused every request.
+_REFUSED: set[str] = set()
 
 
 @dataclass(slots=True, frozen=True)
@@ -96,6 +100,29 @@ def sampling_params(
         presence_penalty=presence_penalty,
         **structured,
     )
+
+
+async def first_compiled(
+    engine: AsyncEngine,
+    candidates: Iterable[Callable[[], SamplingParams]],
+    logger: logging.Logger,
+) -> SamplingParams | None:
+    """The first candidate's params the grammar library compiles; None when none does.
+
+    A schema the library cannot handle must not fail a request: tools narrowed to the home
+    fall back to the tools as offered, and so on. Each refusal is logged once.
+    """
+    for candidate in candidates:
+        try:
+            params = candidate()
+            await engine.compile_constraint(params)
+        except (InvalidSamplingParams, RequestRejected, ValueError) as err:
+            if str(err) not in _REFUSED:
+                _REFUSED.add(str(err))
+                logger.warning("The grammar library refused a constraint: %s", err)
+            continue
+        return params
+    return None
 
 
 @dataclass(slots=True, frozen=True)

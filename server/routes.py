@@ -41,8 +41,6 @@ if TYPE_CHECKING:
     from paged_llm.engine.outputs import RequestOutput
 
 _LOGGER = logging.getLogger(__name__)
-# tool_grammar refusals already logged: one line each, not one per request.
-_GRAMMAR_REFUSED: set[str] = set()
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
@@ -100,33 +98,17 @@ async def _prepare(
     template = getattr(engine.tokenizer, "chat_template", None)
     params = sampling_params(body, len(ids), host.max_request_tokens, default_max, template)
     if isinstance(body, ChatRequest) and body.tool_grammar:
-        params = await _narrowed_or_plain(host, body, params, len(ids), default_max, template)
+        from paged_llm.engine.frontend import first_compiled
+
+        def plain() -> Any:
+            """The tools as sent: tool_grammar's narrowed schemas are a hint, not a must."""
+            body.tool_grammar = []
+            return sampling_params(body, len(ids), host.max_request_tokens, default_max, template)
+
+        narrowed = params
+        # When neither compiles, the plain tools' error fails the request as without a hint.
+        params = await first_compiled(engine, (lambda: narrowed, plain), _LOGGER) or plain()
     return host, ids, params
-
-
-async def _narrowed_or_plain(
-    host: EngineHost,
-    body: ChatRequest,
-    params: Any,
-    prompt_len: int,
-    default_max: int | None,
-    template: str | None,
-) -> Any:
-    """``params`` when tool_grammar compiles, else those of the tools as sent (logged once).
-
-    The narrowed schemas are a hint for decoding; a request does not fail on them.
-    """
-    from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
-
-    try:
-        await host.engine.compile_constraint(params)
-    except (InvalidSamplingParams, RequestRejected) as err:
-        if str(err) not in _GRAMMAR_REFUSED:
-            _GRAMMAR_REFUSED.add(str(err))
-            _LOGGER.warning("tool_grammar cannot be enforced, the tools are: %s", err)
-        body.tool_grammar = []
-        return sampling_params(body, prompt_len, host.max_request_tokens, default_max, template)
-    return params
 
 
 @dataclass(slots=True)
