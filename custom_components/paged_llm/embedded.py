@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import importlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from paged_llm.engine.async_engine import AsyncEngine
     from paged_llm.engine.config import EngineConfig
     from paged_llm.engine.errors import EngineError
+    from paged_llm.engine.frontend import Constraint
     from paged_llm.engine.sequence import SamplingParams
 
 # Rejections with a translation of their own; any other is "rejected", naming its code.
@@ -148,15 +150,9 @@ def backend_error(err: EngineError, restart: bool = False) -> BackendError:
     return BackendError("generation_failed", info.message)
 
 
-# Causes of unconstrained decoding already logged: one line each, not one per request.
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    """Log a warning the first time it is met."""
-    if message not in _WARNED:
-        _WARNED.add(message)
-        LOGGER.warning(message)
+def _constrained(params: SamplingParams, constraint: Constraint, template: str | None) -> Any:
+    """``params`` held to ``constraint`` (tool calls in the format of ``template``)."""
+    return dataclasses.replace(params, **constraint.fields(template))
 
 
 class EmbeddedBackend:
@@ -268,8 +264,6 @@ class EmbeddedBackend:
 
     async def _executor(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run blocking work in the default executor."""
-        import functools
-
         return await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(func, *args, **kwargs)
         )
@@ -353,8 +347,7 @@ class EmbeddedBackend:
         compiled is generated freely (an AI task's answer is still checked); each cause is
         logged once.
         """
-        from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
-        from paged_llm.engine.frontend import Constraint
+        from paged_llm.engine.frontend import Constraint, first_compiled
 
         response_format = sampling.response_format or {}
         template = None
@@ -369,15 +362,11 @@ class EmbeddedBackend:
             template = chat_template(self._tokenizer()) if self.native_tools else None
         else:
             return params
-        for constraint in constraints:
-            try:
-                constrained = dataclasses.replace(params, **constraint.fields(template))
-                await self.engine.compile_constraint(constrained)
-            except (InvalidSamplingParams, RequestRejected, ValueError) as err:
-                _warn_once(f"The grammar library refused a constraint: {err}")
-                continue
-            return constrained
-        return params
+        candidates = [
+            functools.partial(_constrained, params, constraint, template)
+            for constraint in constraints
+        ]
+        return await first_compiled(self.engine, candidates, LOGGER) or params
 
     def metrics(self) -> MetricsSnapshot:
         """The engine's latest snapshot."""
