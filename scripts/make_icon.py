@@ -1,11 +1,12 @@
-"""Draws custom_components/paged_llm/brand/icon.png: KV blocks in a pool, some in use."""
+"""Draws the integration's brand icon and the add-on's icon and logo: KV blocks in a pool."""
 
 from pathlib import Path
 
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 SIZE = 256
 OUT = Path(__file__).resolve().parents[1] / "custom_components/paged_llm/brand"
+ADDON = Path(__file__).resolve().parents[1] / "addon"
 
 
 def draw(size: int) -> Image.Image:
@@ -24,7 +25,21 @@ def draw(size: int) -> Image.Image:
     return img
 
 
+def logo(width: int = 250, height: int = 100) -> Image.Image:
+    """Return the add-on's logo: the icon, then the name (the add-on store's 250x100)."""
+    img = Image.new("RGBA", (width, height), (0, 0, 0, 0))
+    img.paste(draw(height), (0, 0))
+    font = ImageFont.load_default(size=height // 4)
+    ImageDraw.Draw(img).text(
+        (height + 6, height // 2), "Paged LLM", fill=(3, 169, 244, 255), font=font, anchor="lm"
+    )
+    return img
+
+
 if __name__ == "__main__":
     OUT.mkdir(parents=True, exist_ok=True)
     draw(SIZE).save(OUT / "icon.png")
     draw(2 * SIZE).save(OUT / "icon@2x.png")
+    # The add-on store shows a 128x128 icon and a 250x100 logo.
+    draw(128).save(ADDON / "icon.png")
+    logo().save(ADDON / "logo.png")

@@ -7,6 +7,7 @@ import enum
 import importlib
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from paged_llm.protocol.errors import ApiError
@@ -17,6 +18,24 @@ if TYPE_CHECKING:
     from paged_llm.engine.metrics import MetricsSnapshot
 
 _LOGGER = logging.getLogger(__name__)
+
+
+def load_progress(model: str) -> Callable[[float], None]:
+    """Log a load's progress at each tenth, called on the loading thread.
+
+    A server's log (the add-on's, for one) then shows how far a minutes-long load got.
+    """
+    logged = -1
+
+    def report(fraction: float) -> None:
+        """Log the fraction when it reached the next tenth."""
+        nonlocal logged
+        tenth = min(int(fraction * 10), 10)
+        if tenth > logged:
+            logged = tenth
+            _LOGGER.info("Loading %s: %d%%", model, tenth * 10)
+
+    return report
 
 
 class HostState(enum.StrEnum):
@@ -48,7 +67,9 @@ class EngineHost:
             frontend = await asyncio.get_running_loop().run_in_executor(
                 None, importlib.import_module, "paged_llm.engine.frontend"
             )
-            engine: AsyncEngine = await frontend.start_engine(self.config)
+            engine: AsyncEngine = await frontend.start_engine(
+                self.config, load_progress(self.model_name)
+            )
         except Exception as err:
             _LOGGER.exception("Could not start the engine for %s", self.config.model)
             self.error, self.state = err, HostState.FAILED

@@ -11,6 +11,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,3 +117,14 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@contextmanager
+def serving(model: Path, api_key: str | None = None) -> Iterator[ServerProcess]:
+    """A server over ``model``, healthy when the block starts and stopped when it ends."""
+    server = ServerProcess(model, api_key=api_key)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -29,6 +29,9 @@ def repo(tmp_path: Path) -> Path:
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
     manifest = ROOT / "custom_components" / "paged_llm" / "manifest.json"
     shutil.copy(manifest, dest / "custom_components" / "paged_llm" / "manifest.json")
+    (dest / "addon").mkdir()
+    for name in ("config.yaml", "Dockerfile"):
+        shutil.copy(ROOT / "addon" / name, dest / "addon" / name)
     for args in (
         ("git", "init", "-q"),
         ("git", "config", "user.email", "release-test@example.invalid"),
@@ -62,6 +65,9 @@ def test_release_bumps_every_place_commits_and_tags(repo: Path) -> None:
     assert manifest["version"] == "0.2.0"
     assert any("paged-llm==0.2.0" in req for req in manifest["requirements"])
     assert 'version = "0.2.0"' in (repo / "pyproject.toml").read_text()
+    # The add-on names the same release: its image's tag and the library it installs.
+    assert 'version: "0.2.0"' in (repo / "addon/config.yaml").read_text()
+    assert "ARG BUILD_VERSION=0.2.0\n" in (repo / "addon/Dockerfile").read_text()
     assert run(repo, "git", "tag", "--list", "v0.2.0").stdout.strip() == "v0.2.0"
     assert run(repo, "git", "status", "--porcelain").stdout == ""
     assert run(repo, sys.executable, "scripts/release", "--check", "v0.2.0").returncode == 0

@@ -20,9 +20,10 @@ from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.typing import ConfigType
 from homeassistant.helpers.update_coordinator import DataUpdateCoordinator, UpdateFailed
 
-from paged_llm.client import AuthenticationError, ClientError, OpenAIClient
+from paged_llm.client import AuthenticationError, CannotConnectError, ClientError, OpenAIClient
 from paged_llm.protocol.snapshot import MetricsSnapshot
 
+from .addon import async_server_reachable, async_server_unreachable, async_track_addon
 from .backend import Backend, BackendError
 from .card import async_register_card
 from .const import (
@@ -143,6 +144,8 @@ async def _async_start_remote(hass: HomeAssistant, entry: PagedLLMConfigEntry) -
             translation_placeholders={"reason": str(err)},
         ) from err
     except ClientError as err:
+        if isinstance(err, CannotConnectError):
+            async_server_unreachable(hass, entry)  # a repair when it was an add-on's
         # The server may be starting or rebooting: Home Assistant retries with backoff.
         raise ConfigEntryNotReady(
             translation_domain=DOMAIN,
@@ -209,6 +212,8 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
         backend=backend, settings=dict(entry.data), coordinator=coordinator, device_id=device.id
     )
     entry.async_on_unload(backend.subscribe(coordinator.async_set_updated_data))
+    if remote:
+        entry.async_on_unload(async_track_addon(hass, entry, coordinator, backend))
     entry.async_on_unload(async_track_satellites(hass, backend))
 
     async def _async_stop_backend(_event: Event) -> None:
@@ -232,6 +237,11 @@ async def async_unload_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) ->
         return False
     await entry.runtime_data.backend.async_close()
     return True
+
+
+async def async_remove_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> None:
+    """An entry removed has no server to wait for: its add-on repair goes with it."""
+    async_server_reachable(hass, entry)
 
 
 async def _async_update_listener(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> None:

@@ -45,6 +45,7 @@ from homeassistant.helpers.selector import (
     TextSelectorConfig,
     TextSelectorType,
 )
+from homeassistant.helpers.service_info.hassio import HassioServiceInfo
 
 from paged_llm.client import (
     AuthenticationError,
@@ -55,6 +56,7 @@ from paged_llm.client import (
 from paged_llm.protocol.defaults import DEFAULT_MODEL
 from paged_llm.protocol.requirements import ENGINE_EXTRA
 
+from .addon import CONF_ADDON, addon_unique_id, discovered_data
 from .const import (
     BACKEND_EMBEDDED,
     BACKEND_REMOTE,
@@ -392,6 +394,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._backend: EmbeddedBackend | None = None
         self._server: dict[str, Any] = {}
         self._models: list[str] = []
+        self._addon_name = ""
 
     @override
     async def async_step_user(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
@@ -569,6 +572,76 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             ),
             errors=errors,
             description_placeholders={"reason": reason, "url": self._server[CONF_URL]},
+        )
+
+    @override
+    async def async_step_hassio(self, discovery_info: HassioServiceInfo) -> ConfigFlowResult:
+        """The Paged LLM add-on announced its server: offer it, or update the entry it has."""
+        try:
+            data = discovered_data(discovery_info)
+        except (KeyError, TypeError, ValueError):
+            return self.async_abort(reason="invalid_discovery_info")
+        unique_id = addon_unique_id(discovery_info.slug)
+        await self.async_set_unique_id(unique_id)
+        updates: dict[str, Any] = {
+            k: data[k] for k in (CONF_URL, CONF_API_KEY, CONF_MODEL) if k in data
+        }
+        entry = self.hass.config_entries.async_entry_for_domain_unique_id(DOMAIN, unique_id)
+        if (
+            entry is not None
+            and entry.state is ConfigEntryState.SETUP_ERROR
+            and self.hass.config_entries.async_update_entry(entry, data={**entry.data, **updates})
+        ):
+            # No update listener runs for an entry that failed to start (a key refused).
+            self.hass.config_entries.async_schedule_reload(entry.entry_id)
+        # A running entry's update listener restarts it with a new URL, key or model.
+        self._abort_if_unique_id_configured(updates=updates, reload_on_update=False)
+        for other in self._async_current_entries(include_ignore=False):
+            if other.data.get(CONF_URL) == data[CONF_URL]:  # set up by hand before
+                return self.async_update_reload_and_abort(
+                    other,
+                    unique_id=unique_id,
+                    data_updates={**updates, CONF_ADDON: data[CONF_ADDON]},
+                    reason="already_configured",
+                )
+        self._server, self._addon_name = data, discovery_info.name
+        self.context["title_placeholders"] = {"name": discovery_info.name}
+        self.context["configuration_url"] = (
+            f"homeassistant://hassio/addon/{discovery_info.slug}/info"
+        )
+        return await self.async_step_hassio_confirm()
+
+    async def async_step_hassio_confirm(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Ask whether to use the add-on's server; create the entry once it answers."""
+        errors: dict[str, str] = {}
+        reason = ""
+        if user_input is not None:
+            try:
+                models = [
+                    model.id for model in await server_client(self.hass, self._server).models()
+                ]
+            except ClientError as err:
+                errors["base"], reason = client_error_key(err), str(err)
+            else:
+                if models:
+                    announced = self._server.get(CONF_MODEL)
+                    model = announced if announced in models else models[0]
+                    return self.async_create_entry(
+                        title=model,
+                        data={**self._server, CONF_MODEL: model},
+                        subentries=default_subentries(),
+                    )
+                errors["base"], reason = "no_models", self._server[CONF_URL]
+        return self.async_show_form(
+            step_id="hassio_confirm",
+            errors=errors,
+            description_placeholders={
+                "addon": self._addon_name,
+                "model": self._server.get(CONF_MODEL, "-"),
+                "reason": reason,
+            },
         )
 
     async def _async_start_engine(self) -> EmbeddedBackend:

@@ -1,0 +1,174 @@
+"""The add-on repository as the Supervisor reads it: config, build, translations, image, CI.
+
+The rules are the Supervisor's (supervisor/apps/validate.py, options.py) and its add-on
+linter's (frenck/action-addon-linter, which CI runs); kept here so a change fails locally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from PIL import Image
+
+from paged_llm.protocol.defaults import WEIGHT_CHOICES
+from paged_llm_addon.options import Options, parse_options
+from paged_llm_addon.supervisor import SERVICE
+
+ROOT = Path(__file__).resolve().parents[2]
+ADDON = ROOT / "addon"
+INTEGRATION = ROOT / "custom_components" / "paged_llm"
+CONFIG: dict[str, Any] = yaml.safe_load((ADDON / "config.yaml").read_text(encoding="utf-8"))
+BUILD: dict[str, Any] = yaml.safe_load((ADDON / "build.yaml").read_text(encoding="utf-8"))
+LANGUAGES = sorted(path.stem for path in (ADDON / "translations").glob("*.yaml"))
+
+# The Supervisor's option types (apps/options.py RE_SCHEMA_ELEMENT).
+SCHEMA_ELEMENT = re.compile(
+    r"^(?:|bool|email|url|port|device(?:\((?P<filter>subsystem=[a-z]+)\))?"
+    r"|str(?:\((?P<s_min>\d+)?,(?P<s_max>\d+)?\))?"
+    r"|password(?:\((?P<p_min>\d+)?,(?P<p_max>\d+)?\))?"
+    r"|int(?:\((?P<i_min>-?\d+)?,(?P<i_max>-?\d+)?\))?"
+    r"|float(?:\((?P<f_min>-?\d*\.?\d+)?,(?P<f_max>-?\d*\.?\d+)?\))?"
+    r"|match\((?P<match>.*)\)|list\((?P<list>.+)\))\??$"
+)
+# The Supervisor's base images for builds (apps/validate.py RE_DOCKER_IMAGE_BUILD).
+IMAGE_BUILD = re.compile(r"^([a-zA-Z\-\.:\d{}]+/)*?([\-\w{}]+)/([\-\w{}]+)(:[\.\-\w{}]+)?$")
+# Keys the linter refuses at their default value ("should be removed").
+DEFAULTS = {
+    "boot": "auto",
+    "startup": "application",
+    "init": True,
+    "host_network": False,
+    "hassio_api": False,
+    "homeassistant_api": False,
+    "ingress": False,
+    "stage": "stable",
+    "timeout": 10,
+    "apparmor": True,
+    "backup": "hot",
+}
+
+
+def test_the_repository_is_an_add_on_repository_beside_hacs() -> None:
+    assert (ROOT / "hacs.json").is_file()
+    repository = yaml.safe_load((ROOT / "repository.yaml").read_text(encoding="utf-8"))
+    manifest = json.loads((INTEGRATION / "manifest.json").read_text(encoding="utf-8"))
+    assert repository["name"]
+    assert manifest["documentation"].startswith(repository["url"])
+    # The Supervisor reads every config.* it finds in the repository, outside rootfs and
+    # dot folders, as an add-on's.
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    found = [
+        name
+        for name in [*tracked, "addon/config.yaml"]  # new files count before they are added
+        if re.search(r"(^|/)config\.(json|ya?ml)$", name)
+        and not any(part.startswith(".") or part == "rootfs" for part in Path(name).parts)
+    ]
+    assert sorted(set(found)) == ["addon/config.yaml"]
+
+
+def test_config_is_what_the_supervisor_and_its_linter_accept() -> None:
+    manifest = json.loads((INTEGRATION / "manifest.json").read_text(encoding="utf-8"))
+    assert {"name", "version", "slug", "description", "arch"} <= set(CONFIG)
+    assert CONFIG["version"] == manifest["version"]  # scripts/release keeps them together
+    assert re.fullmatch(r"[a-z0-9_]+", CONFIG["slug"])
+    assert set(CONFIG["arch"]) == {"amd64", "aarch64"}
+    assert CONFIG["discovery"] == [SERVICE] == [manifest["domain"]]
+    assert CONFIG["image"].startswith("ghcr.io/")
+    assert "{arch}" in CONFIG["image"]
+    for key, default in DEFAULTS.items():
+        assert CONFIG.get(key, object()) != default, f"{key}: the default, remove it"
+    assert "watchdog" not in CONFIG  # obsolete: the program exits when the server fails
+    assert all(re.fullmatch(r"(share|media)(:ro)?", volume) for volume in CONFIG["map"])
+    assert 10 <= CONFIG["timeout"] <= 300
+    assert set(CONFIG["ports"]) == set(CONFIG["ports_description"]) == {"8000/tcp"}
+
+
+def test_every_option_has_a_schema_entry_the_program_reads() -> None:
+    options, schema = CONFIG["options"], CONFIG["schema"]
+    assert set(options) <= set(schema)
+    # Optional entries ("?") are the ones without a default shown in the form.
+    assert {k for k, v in schema.items() if v.endswith("?")} == set(schema) - set(options)
+    assert set(schema) == {field.name for field in fields(Options)}
+    for name, element in schema.items():
+        assert SCHEMA_ELEMENT.match(element), (name, element)
+    assert schema["weights"] == f"list({'|'.join(WEIGHT_CHOICES)})"
+    # config.yaml's defaults are the program's, and pass its checks.
+    assert parse_options(options) == Options()
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_each_language_translates_every_option_and_port(language: str) -> None:
+    strings = yaml.safe_load((ADDON / "translations" / f"{language}.yaml").read_text("utf-8"))
+    assert set(strings) == {"configuration", "network"}
+    assert set(strings["configuration"]) == set(CONFIG["schema"])
+    for name, text in strings["configuration"].items():
+        assert set(text) == {"name", "description"}, (language, name)
+        assert text["name"].strip(), (language, name)
+        assert text["description"].strip(), (language, name)
+    assert set(strings["network"]) == set(CONFIG["ports"])
+
+
+def test_the_add_on_speaks_the_integrations_languages() -> None:
+    assert sorted(path.stem for path in (INTEGRATION / "translations").glob("*")) == LANGUAGES
+
+
+def test_build_and_dockerfile_name_one_debian_base_per_architecture() -> None:
+    assert set(BUILD["build_from"]) == set(CONFIG["arch"])
+    assert not {"squash", "codenotary"} & set(BUILD)
+    bases = set(BUILD["build_from"].values())
+    assert all(IMAGE_BUILD.match(base) for base in bases)
+    assert all(isinstance(v, str) for v in BUILD["labels"].values())
+    dockerfile = (ADDON / "Dockerfile").read_text(encoding="utf-8")
+    # The builder actions pass no BUILD_FROM: the Dockerfile's default is the same base.
+    (default,) = re.findall(r"^ARG BUILD_FROM=(\S+)$", dockerfile, re.MULTILINE)
+    assert bases == {default}
+    assert "slim-" in default  # Debian (glibc), so PyTorch's wheels install
+    assert f"\nARG BUILD_VERSION={CONFIG['version']}\n" in dockerfile
+    assert "download.pytorch.org/whl/cpu" in dockerfile
+    assert "COPY paged_llm_addon /opt/paged-llm-addon/paged_llm_addon" in dockerfile
+    assert 'CMD ["/run.sh"]' in dockerfile
+
+
+def test_the_run_script_starts_the_program() -> None:
+    run_sh = ADDON / "run.sh"
+    assert os.access(run_sh, os.X_OK)
+    text = run_sh.read_text(encoding="utf-8")
+    assert text.startswith("#!/bin/sh\n")
+    assert "export PYTHONPATH=/opt/paged-llm-addon" in text
+    assert "exec python3 -m paged_llm_addon" in text
+
+
+def test_docs_icon_and_logo() -> None:
+    docs = (ADDON / "DOCS.md").read_text(encoding="utf-8")
+    for name in CONFIG["schema"]:
+        assert f"`{name}`" in docs, name
+    assert "docker build" in docs
+    assert "podman build" in docs
+    with Image.open(ADDON / "icon.png") as icon:
+        assert icon.size == (128, 128)
+    with Image.open(ADDON / "logo.png") as logo:
+        assert logo.size == (250, 100)
+
+
+def test_ci_lints_builds_and_starts_the_image() -> None:
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "addon.yml").read_text())
+    steps = [step for job in flow["jobs"].values() for step in job["steps"]]
+    uses = [step.get("uses", "") for step in steps]
+    lint = next(s for s in steps if s.get("uses", "").startswith("frenck/action-addon-linter"))
+    assert lint["with"]["path"] == "./addon"
+    assert any(u.startswith("home-assistant/builder/actions/build-image@") for u in uses)
+    assert any("scripts/addon_smoke_test" in step.get("run", "") for step in steps)
+    assert json.loads(flow["env"]["ARCHITECTURES"]) == sorted(CONFIG["arch"], reverse=True)
+    # The image name the builder makes is the one config.yaml pulls.
+    owner = CONFIG["image"].split("/")[1]
+    assert CONFIG["image"] == f"ghcr.io/{owner}/{{arch}}-{flow['env']['IMAGE_NAME']}"
