@@ -288,10 +288,38 @@ class OpenAIClient:
 
     async def count_tokens(self, model: str, text: str) -> int | None:
         """Tokens in ``text`` by the server's tokenizer (vLLM's ``/tokenize``); None without."""
+        return await self._tokenize({"model": model, "prompt": text, "add_special_tokens": False})
+
+    async def count_chat_tokens(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> int | None:
+        """Prompt tokens of chat messages through the server's chat template; None without.
+
+        vLLM's ``/tokenize`` takes messages as a chat completion does and renders them with
+        the generation prompt, so the count is the request's prompt tokens.
+        """
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": list(messages),
+            "add_generation_prompt": True,
+        }
+        if tools:
+            body["tools"] = list(tools)
+        if chat_template_kwargs:
+            body["chat_template_kwargs"] = dict(chat_template_kwargs)
+        return await self._tokenize(body)
+
+    async def _tokenize(self, body: Mapping[str, Any]) -> int | None:
+        """The count ``/tokenize`` gives for ``body``; None where the server has no such call."""
         try:
             async with self._session.post(
                 f"{self.root}/tokenize",
-                json={"model": model, "prompt": text, "add_special_tokens": False},
+                json=body,
                 headers=self._headers,
                 timeout=self._timeout(),
             ) as resp:

@@ -1,14 +1,15 @@
-"""The HTTP endpoints: chat and text completions, models, health, version, metrics, block map."""
+"""The HTTP endpoints: chat and text completions, tokenize, models, health, metrics and more."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
@@ -240,6 +241,33 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return stream
 
 
+async def tokenize_prompt(request: web.Request) -> web.Response:
+    """``POST /tokenize`` (vLLM's): a prompt's or chat messages' token ids and their count.
+
+    Messages go through the chat template with the generation prompt, tools and template
+    variables, exactly as a chat completion renders them, so ``count`` is that request's
+    prompt tokens (the integration counts its agent's prompt with it). A text prompt gets
+    the tokenizer's special tokens unless ``add_special_tokens`` is false.
+    """
+    raw = await read_json(request)
+    chat = isinstance(raw, dict) and "messages" in raw
+    body = parse_chat_request(raw) if chat else parse_completion_request(raw)
+    host = request.app[HOST]
+    _check_model(host, body.model)
+    engine = host.engine  # a 503 while loading
+    plain = isinstance(body, CompletionRequest) and isinstance(body.prompt, str)
+    if plain and raw.get("add_special_tokens") is False:
+        text = cast(str, cast(CompletionRequest, body).prompt)
+        ids = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: list(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+        )
+    else:
+        ids = await tokenize(host, body)
+    return web.json_response(
+        {"count": len(ids), "max_model_len": host.max_model_len, "tokens": ids}
+    )
+
+
 async def models(request: web.Request) -> web.Response:
     """``GET /v1/models``: the one model this process serves."""
     host = request.app[HOST]
@@ -296,6 +324,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize_prompt)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version_info)
     app.router.add_get("/metrics", prometheus)

@@ -91,11 +91,27 @@ class Backend(Protocol):
         """The most tokens one request may hold, prompt and answer together."""
 
     @property
+    def context_known(self) -> bool:
+        """Whether ``context_size`` is the model's own, not a guess (a server may not say)."""
+
+    @property
     def kv_pool_tokens(self) -> int | None:
         """Tokens the whole KV pool holds, where the backend knows it (None elsewhere)."""
 
     async def async_count_tokens(self, text: str) -> int:
         """Tokens in ``text`` (the model's tokenizer where the backend has it)."""
+
+    async def async_count_prompt_tokens(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        sampling: Sampling,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> tuple[int, bool]:
+        """Tokens of the prompt ``stream`` would send, and whether the count is exact.
+
+        Exact: the model's tokenizer counted it; otherwise an estimate (a remote server
+        without a tokenize endpoint).
+        """
 
     def stream(
         self,

@@ -79,6 +79,11 @@ SUBENTRY_AI_TASK: Final = "ai_task_data"
 DEFAULT_CONVERSATION_NAME: Final = "Paged LLM Conversation"
 DEFAULT_AI_TASK_NAME: Final = "Paged LLM AI Task"
 
+# A conversation agent whose prompt, read without the cache (after a restart, or once the
+# exposed entities change), is predicted to keep a person waiting longer than this for the
+# first word gets a Repairs issue.
+PROMPT_SLOW_S: Final = 10.0
+
 # The model may ask for tools again after each result; stop a runaway loop.
 MAX_TOOL_ITERATIONS: Final = 10
 

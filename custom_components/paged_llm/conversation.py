@@ -17,6 +17,7 @@ from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 from .const import DOMAIN, LOGGER, PRIORITY_CONVERSATION, SUBENTRY_CONVERSATION
 from .entity import PagedLLMBaseLLMEntity
 from .prompt import agent_instructions
+from .prompt_budget import async_clear_budget, async_publish_budget
 from .runtime import PagedLLMConfigEntry
 from .warmup import async_warm_prefix
 
@@ -63,6 +64,7 @@ class PagedLLMConversationEntity(
         await super().async_added_to_hass()
         conversation.async_set_agent(self.hass, self.entry, self)
         self._warmed: str | None = None
+        self._removed = False
         self._warmer = Debouncer(
             self.hass,
             LOGGER,
@@ -83,15 +85,23 @@ class PagedLLMConversationEntity(
         self._warmer.async_schedule_call()
 
     async def _async_warm(self) -> None:
-        """Prefill the agent's system prompt when it differs from the one warmed last."""
-        self._warmed = await async_warm_prefix(
-            self.hass, self.entry, dict(self.subentry.data), self._warmed
+        """Prefill the agent's system prompt when it differs from the one warmed last.
+
+        Its new budget goes to the agent's sensor and Repairs, unless the agent was removed
+        meanwhile (a warm-up in flight must not raise an issue nobody would clear).
+        """
+        self._warmed, budget = await async_warm_prefix(
+            self.hass, self.entry, self.subentry.data, self._warmed
         )
+        if budget is not None and not self._removed:
+            async_publish_budget(self.hass, self.entry, self.subentry, budget)
 
     @override
     async def async_will_remove_from_hass(self) -> None:
-        """Unregister the agent."""
+        """Unregister the agent; its budget and issues go with it (a reload makes new ones)."""
+        self._removed = True
         conversation.async_unset_agent(self.hass, self.entry)
+        async_clear_budget(self.hass, self.entry, self.subentry.subentry_id)
         await super().async_will_remove_from_hass()
 
     @property

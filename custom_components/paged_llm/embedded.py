@@ -251,6 +251,11 @@ class EmbeddedBackend:
         return self.engine.info.max_model_len
 
     @property
+    def context_known(self) -> bool:
+        """The engine knows its own."""
+        return True
+
+    @property
     def kv_pool_tokens(self) -> int:
         """Tokens the engine's KV pool holds."""
         return self.engine.info.pool_tokens
@@ -299,10 +304,7 @@ class EmbeddedBackend:
         from paged_llm.engine.errors import EngineDeadError, EngineError
         from paged_llm.engine.frontend import sampling_params
 
-        templated = chat_template(self._tokenizer()) is not None
-        prompt: str | list[dict[str, Any]] = (
-            [dict(m) for m in messages] if templated else render_plain([dict(m) for m in messages])
-        )
+        prompt, templated = self._prompt(messages)
         try:
             params = sampling_params(
                 max_tokens=sampling.max_tokens,
@@ -331,6 +333,40 @@ class EmbeddedBackend:
         except EngineError as err:
             crashed = isinstance(err, EngineDeadError) and self.engine.error is not None
             raise backend_error(err, restart=crashed) from err
+
+    def _prompt(
+        self, messages: Sequence[Mapping[str, Any]]
+    ) -> tuple[str | list[dict[str, Any]], bool]:
+        """What the engine gets for chat messages, and whether the chat template renders it.
+
+        Messages go through the model's chat template; a model without one (a base model)
+        gets a plain transcript.
+        """
+        if chat_template(self._tokenizer()) is not None:
+            return [dict(m) for m in messages], True
+        return render_plain([dict(m) for m in messages]), False
+
+    async def async_count_prompt_tokens(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        sampling: Sampling,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> tuple[int, bool]:
+        """The exact prompt tokens of a request: the engine's own templating and tokenizer.
+
+        The same path generate takes (off the event loop), so the count equals the request's
+        reported prompt tokens.
+        """
+        from paged_llm.engine.errors import EngineError
+
+        await self._async_ensure_loaded()
+        prompt, templated = self._prompt(messages)
+        kwargs = self._template_kwargs(sampling) if templated else None
+        try:
+            ids = await self.engine.tokenize(prompt, tools, kwargs)
+        except EngineError as err:
+            raise backend_error(err) from err
+        return len(ids), True
 
     def _template_kwargs(self, sampling: Sampling) -> dict[str, Any] | None:
         """The chat template's reasoning switch, where it has one and the agent sets it."""

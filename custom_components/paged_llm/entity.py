@@ -56,6 +56,15 @@ def engine_device_info(entry: PagedLLMConfigEntry) -> dr.DeviceInfo:
     )
 
 
+def agent_device_info(entry: PagedLLMConfigEntry, subentry: ConfigSubentry) -> dr.DeviceInfo:
+    """An agent's own service device, under the engine's device."""
+    info = engine_device_info(entry)
+    info["identifiers"] = {(DOMAIN, subentry.subentry_id)}
+    info["name"] = subentry.title
+    info["via_device_id"] = entry.runtime_data.device_id
+    return info
+
+
 def agent_sampling(settings: Mapping[str, Any], **overrides: Any) -> Sampling:
     """Sampling settings of an agent or an action, with the defaults filled in."""
     values: dict[str, Any] = {
@@ -78,14 +87,7 @@ class PagedLLMBaseLLMEntity(Entity):
         self.entry = entry
         self.subentry = subentry
         self._attr_unique_id = subentry.subentry_id
-        self._attr_device_info = dr.DeviceInfo(
-            identifiers={(DOMAIN, subentry.subentry_id)},
-            name=subentry.title,
-            manufacturer=MANUFACTURER,
-            model=entry.title,
-            entry_type=dr.DeviceEntryType.SERVICE,
-            via_device_id=entry.runtime_data.device_id,
-        )
+        self._attr_device_info = agent_device_info(entry, subentry)
 
     @property
     def available(self) -> bool:

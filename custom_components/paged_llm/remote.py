@@ -72,6 +72,19 @@ def _tool_input(call_id: str, name: str, arguments: str) -> llm.ToolInput:
     )
 
 
+def _estimate(text: str) -> int:
+    """A conservative token count of ``text`` without the server's tokenizer."""
+    return math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN)
+
+
+def _template_kwargs(sampling: Sampling) -> dict[str, Any] | None:
+    """The chat template's reasoning switch, where the agent sets it.
+
+    vLLM and paged-llm serve pass it to the template; one without the switch ignores it.
+    """
+    return None if sampling.thinking is None else {"enable_thinking": sampling.thinking}
+
+
 class RemoteBackend:
     """Serves requests through an OpenAI-compatible server with Home Assistant's session."""
 
@@ -109,6 +122,11 @@ class RemoteBackend:
         """The model's context as the server reported it (or a conservative default)."""
         return self._context
 
+    @property
+    def context_known(self) -> bool:
+        """Whether the server said its context (vLLM and paged-llm serve do; Ollama does not)."""
+        return self._context_known
+
     async def block_map(self) -> dict[str, Any] | None:
         """The server's block map (this project's server has one; others give None)."""
         block_map: dict[str, Any] | None = await self.client.block_map()
@@ -124,7 +142,32 @@ class RemoteBackend:
         count = await self.client.count_tokens(self.model, text)
         if count is not None:
             return int(count)
-        return math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN)
+        return _estimate(text)
+
+    async def async_count_prompt_tokens(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        sampling: Sampling,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> tuple[int, bool]:
+        """The prompt's tokens as the server counts them, else an estimate of its text.
+
+        vLLM's /tokenize (paged-llm serve has it too) renders the messages with the model's
+        template: exact. A server that tokenizes only text counts the messages and tools
+        without the template's own tokens, a little under the truth. Elsewhere (Ollama,
+        llama.cpp's server) the conservative bytes estimate, marked as not exact.
+        """
+        count = await self.client.count_chat_tokens(
+            self.model, messages, tools=tools, chat_template_kwargs=_template_kwargs(sampling)
+        )
+        if count is not None:
+            return count, True
+        texts = [str(m.get("content") or "") for m in messages]
+        text = "\n".join([*texts, *(json.dumps(tool) for tool in tools or ())])
+        count = await self.client.count_tokens(self.model, text)
+        if count is not None:
+            return count, True
+        return _estimate(text), False
 
     def _reached(self, ok: bool, ready: bool | None = None, why: str = "") -> None:
         """Note whether the server answered (and, when known, is ready); log each change.
@@ -163,10 +206,7 @@ class RemoteBackend:
             priority=to_vllm(priority),
             tools=tools,
             tool_grammar=sampling.tool_grammar if tools else None,
-            # vLLM and paged-llm serve pass it to the template; one without the switch ignores it
-            chat_template_kwargs=(
-                None if sampling.thinking is None else {"enable_thinking": sampling.thinking}
-            ),
+            chat_template_kwargs=_template_kwargs(sampling),
             response_format=sampling.response_format,
             repetition_penalty=sampling.repetition_penalty,
             frequency_penalty=sampling.frequency_penalty,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import HomeAssistant
@@ -16,6 +16,9 @@ from paged_llm.protocol.snapshot import MetricsSnapshot
 
 from .backend import Backend, BackendError
 from .const import DOMAIN
+
+if TYPE_CHECKING:
+    from .prompt_budget import PromptBudget
 
 type PagedLLMConfigEntry = ConfigEntry[PagedLLMData]
 
@@ -35,6 +38,11 @@ class PagedLLMData:
     device_id: str
     # Serialises reloads of the agent platforms when subentries change.
     platform_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Each conversation agent's prompt budget by subentry id, which its sensor shows.
+    budgets: dict[str, PromptBudget] = field(default_factory=dict)
+    # Uncached prompt tokens read per second, as an agent's warm-up last measured it; kept
+    # here so agents reloading, or a prompt too long to send, still have a prediction.
+    prefill_rate: float | None = None
 
 
 def hand_over_backend(hass: HomeAssistant, unique_id: str, backend: Backend) -> None:

@@ -1,4 +1,8 @@
-"""Diagnostic sensors of the engine, pushed from its metrics at most about once a second."""
+"""Diagnostic sensors of the engine, pushed from its metrics at most about once a second.
+
+And one per conversation agent: its prompt's size against the context, with the first
+token's wait, updated by the agent's warm-up.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +16,25 @@ from homeassistant.components.sensor import (
     SensorEntityDescription,
     SensorStateClass,
 )
+from homeassistant.config_entries import ConfigSubentry
 from homeassistant.const import PERCENTAGE, EntityCategory, UnitOfTime
-from homeassistant.core import HomeAssistant
+from homeassistant.core import HomeAssistant, callback
+from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 from homeassistant.helpers.update_coordinator import CoordinatorEntity, DataUpdateCoordinator
 
 from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot, Percentiles
 
+from .const import SUBENTRY_CONVERSATION
 from .embedded import EmbeddedBackend
-from .entity import engine_device_info
+from .entity import agent_device_info, engine_device_info
+from .prompt_budget import budget_signal
 from .runtime import PagedLLMConfigEntry
 
 # Engine metrics arrive by push; nothing here ever polls.
 PARALLEL_UPDATES = 0
+# The agents' prompt sensor: its translation key, and its unique id after the subentry's.
+PROMPT_SENSOR_KEY = "prompt_tokens"
 
 
 # The class the main latency sensors follow: what a person waits for. A summary's long
@@ -179,6 +189,78 @@ async def async_setup_entry(
     if isinstance(config_entry.runtime_data.backend, EmbeddedBackend):
         sensors.append(PagedLLMLoadedSensor(config_entry, coordinator))
     async_add_entities(sensors)
+
+    # Agents with a prompt sensor; agents added later get theirs when the entry updates.
+    with_sensor: set[str] = set()
+
+    @callback
+    def _add_prompt_sensors() -> None:
+        """A prompt-size sensor on each conversation agent's device that lacks one."""
+        for subentry in config_entry.subentries.values():
+            if subentry.subentry_type != SUBENTRY_CONVERSATION:
+                continue
+            if subentry.subentry_id in with_sensor:
+                continue
+            with_sensor.add(subentry.subentry_id)
+            async_add_entities(
+                [PagedLLMPromptSensor(config_entry, subentry, with_sensor.discard)],
+                config_subentry_id=subentry.subentry_id,
+            )
+
+    async def _async_entry_updated(_hass: HomeAssistant, _entry: PagedLLMConfigEntry) -> None:
+        """Subentries may have been added."""
+        _add_prompt_sensors()
+
+    _add_prompt_sensors()
+    config_entry.async_on_unload(config_entry.add_update_listener(_async_entry_updated))
+
+
+class PagedLLMPromptSensor(SensorEntity):
+    """A conversation agent's prompt in tokens: the context's share, the first token's wait."""
+
+    _attr_has_entity_name = True
+    _attr_should_poll = False
+    _attr_entity_category = EntityCategory.DIAGNOSTIC
+    _attr_translation_key = PROMPT_SENSOR_KEY
+    _attr_native_unit_of_measurement = "tokens"
+    _attr_state_class = SensorStateClass.MEASUREMENT
+
+    def __init__(
+        self,
+        entry: PagedLLMConfigEntry,
+        subentry: ConfigSubentry,
+        on_remove: Callable[[str], None],
+    ) -> None:
+        """Bind the sensor to its agent; ``on_remove`` is told the agent's id on removal."""
+        self.entry = entry
+        self._subentry_id = subentry.subentry_id
+        self._forget = on_remove
+        self._attr_unique_id = f"{subentry.subentry_id}_{PROMPT_SENSOR_KEY}"
+        self._attr_device_info = agent_device_info(entry, subentry)
+
+    async def async_added_to_hass(self) -> None:
+        """Show the budget known now, and each new one the agent's warm-up sends."""
+        await super().async_added_to_hass()
+        self._read_budget()
+        self.async_on_remove(
+            async_dispatcher_connect(
+                self.hass, budget_signal(self._subentry_id), self._async_budget_changed
+            )
+        )
+        self.async_on_remove(lambda: self._forget(self._subentry_id))
+
+    @callback
+    def _async_budget_changed(self) -> None:
+        """The agent's warm-up counted the prompt again (or the agent went away)."""
+        self._read_budget()
+        self.async_write_ha_state()
+
+    def _read_budget(self) -> None:
+        """State and attributes from the agent's budget; unknown before its first count."""
+        data = getattr(self.entry, "runtime_data", None)  # gone once the entry unloaded
+        budget = data.budgets.get(self._subentry_id) if data is not None else None
+        self._attr_native_value = budget.prompt_tokens if budget is not None else None
+        self._attr_extra_state_attributes = budget.attributes() if budget is not None else {}
 
 
 class PagedLLMLoadedSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], SensorEntity):

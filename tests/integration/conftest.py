@@ -160,7 +160,9 @@ async def init_integration(
 ) -> AsyncGenerator[MockConfigEntry]:
     """Set the entry up with a real engine; unload it afterwards so no thread is left."""
     assert await hass.config_entries.async_setup(mock_config_entry.entry_id)
-    await hass.async_block_till_done()
+    # With the conversation agent's warm-up (a background task: its prompt read cold, then
+    # again cached), so a test's own requests are the only ones it sees.
+    await hass.async_block_till_done(wait_background_tasks=True)
     assert mock_config_entry.state is ConfigEntryState.LOADED
     yield mock_config_entry
     if mock_config_entry.state is ConfigEntryState.LOADED:

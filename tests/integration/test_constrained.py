@@ -79,7 +79,8 @@ async def test_conversation_with_tools_decodes_under_a_tag_of_the_offered_tools(
     hass.config_entries.async_update_subentry(
         entry, subentry, data={**subentry.data, CONF_LLM_HASS_API: ["light_api"]}
     )
-    await hass.async_block_till_done()
+    # With the reloaded agent's warm-up, which must not mix with what is observed.
+    await hass.async_block_till_done(wait_background_tasks=True)
     engine = entry.runtime_data.backend.engine
     seen: list[SamplingParams] = []
     real_generate = engine.generate

@@ -211,7 +211,8 @@ async def test_tool_call_loop_runs_the_tool_and_returns_its_result(
     hass.config_entries.async_update_subentry(
         entry, subentry, data={**subentry.data, CONF_LLM_HASS_API: ["weather_api"]}
     )
-    await hass.async_block_till_done()
+    # With the reloaded agent's warm-up, which must not mix with what is observed.
+    await hass.async_block_till_done(wait_background_tasks=True)
     entity_id = _conversation_entity_id(hass, entry)
 
     real = entry.runtime_data.backend.engine
@@ -283,7 +284,8 @@ async def test_tools_go_through_a_chat_template_that_knows_them(
     hass.config_entries.async_update_subentry(
         entry, subentry, data={**subentry.data, CONF_LLM_HASS_API: ["weather_api"]}
     )
-    await hass.async_block_till_done()
+    # With the reloaded agent's warm-up, which must not mix with what is observed.
+    await hass.async_block_till_done(wait_background_tasks=True)
     engine = entry.runtime_data.backend.engine
     tokenizer = engine.tokenizer
     original = tokenizer.chat_template

@@ -67,7 +67,8 @@ async def test_tool_template_with_an_api_gets_the_time_but_not_the_no_control_se
     hass.config_entries.async_update_subentry(
         entry, subentry, data={**subentry.data, CONF_LLM_HASS_API: ["weather_api"]}
     )
-    await hass.async_block_till_done()
+    # With the reloaded agent's warm-up, which must not mix with what is observed.
+    await hass.async_block_till_done(wait_background_tasks=True)
     tokenizer = entry.runtime_data.backend.engine.tokenizer
     original = tokenizer.chat_template
     tokenizer.chat_template = TOOL_TEMPLATE
@@ -87,7 +88,8 @@ async def test_an_empty_prompt_still_gets_the_defaults(
     entry = init_integration
     subentry = next(s for s in entry.subentries.values() if s.subentry_type == "conversation")
     hass.config_entries.async_update_subentry(entry, subentry, data={"max_tokens": 4})
-    await hass.async_block_till_done()
+    # With the reloaded agent's warm-up, which must not mix with what is observed.
+    await hass.async_block_till_done(wait_background_tasks=True)
     rendered = await _rendered_prompt(hass, entry, "Hello")
     assert "It is now " in rendered
     assert NO_CONTROL_INSTRUCTION in rendered

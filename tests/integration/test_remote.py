@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import uuid
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,12 @@ from aiohttp import web
 from homeassistant import config_entries
 from homeassistant.components import ai_task, conversation
 from homeassistant.config_entries import ConfigEntryState
-from homeassistant.const import CONF_LLM_HASS_API, STATE_UNAVAILABLE
+from homeassistant.const import CONF_LLM_HASS_API, CONF_PROMPT, STATE_UNAVAILABLE
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
 from homeassistant.helpers import entity_registry as er
+from homeassistant.helpers import issue_registry as ir
 from homeassistant.helpers import llm
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
@@ -103,7 +105,7 @@ async def remote_entry(
     """An entry set up against the module's server; unloaded afterwards."""
     entry = _entry(hass, server, conversation_options, ai_task_options)
     assert await hass.config_entries.async_setup(entry.entry_id)
-    await hass.async_block_till_done()
+    await hass.async_block_till_done(wait_background_tasks=True)  # and the agent's warm-up
     assert entry.state is ConfigEntryState.LOADED
     yield entry
     if entry.state is ConfigEntryState.LOADED:
@@ -329,9 +331,12 @@ async def test_conversation_task_actions_and_sensors_through_the_server(
 
 
 @pytest.fixture
-def own_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
-    """A server for one test, which may stop it, restart it or change its key."""
-    server = ServerProcess(tiny_model_dir, api_key=API_KEY)
+def own_server(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """A server for one test, which may stop it, restart it or change its key.
+
+    Parametrized indirectly, its value is more arguments for ``paged-llm serve``.
+    """
+    server = ServerProcess(tiny_model_dir, *getattr(request, "param", ()), api_key=API_KEY)
     server.start()
     yield server
     server.stop()
@@ -348,7 +353,7 @@ async def own_entry(
     """An entry set up against the test's own server; unloaded afterwards if still loaded."""
     entry = _entry(hass, own_server, conversation_options, ai_task_options)
     assert await hass.config_entries.async_setup(entry.entry_id)
-    await hass.async_block_till_done()
+    await hass.async_block_till_done(wait_background_tasks=True)  # and the agent's warm-up
     yield entry
     if entry.state is ConfigEntryState.LOADED:
         assert await hass.config_entries.async_unload(entry.entry_id)
@@ -394,6 +399,88 @@ async def test_assist_tools_reach_the_server_with_the_home_grammar_beside_them(
     assert "enum" not in shown[turn_on]["parameters"]["properties"]["name"]
     # A voice agent asks a template with a reasoning switch not to think.
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+async def test_the_prompt_budget_is_the_servers_count_of_the_prompt(
+    hass: HomeAssistant, small_home: None, remote_entry: MockConfigEntry, tiny_model_dir: Path
+) -> None:
+    """The agent's prompt sensor shows the server's usage.prompt_tokens, which is the model's
+    tokenizer's count of the prompt sent; this server cuts nothing, so nothing is flagged."""
+    from transformers import AutoTokenizer
+
+    entry = remote_entry
+    subentry = next(s for s in entry.subentries.values() if s.subentry_type == "conversation")
+    # Instructions no earlier test sent: the server reads the prompt cold, giving a speed.
+    options = {
+        CONF_LLM_HASS_API: [llm.LLM_API_ASSIST],
+        CONF_PROMPT: f"Session {uuid.uuid4().hex}. {llm.DEFAULT_INSTRUCTIONS_PROMPT}",
+    }
+    with _bodies_sent(entry) as bodies:
+        hass.config_entries.async_update_subentry(
+            entry, subentry, data={**subentry.data, **options}
+        )
+        await hass.async_block_till_done(wait_background_tasks=True)
+    # The warm-up, cold and then cached: one token each, the same prompt.
+    assert [body["max_tokens"] for body in bodies] == [1, 1]
+    assert bodies[0]["messages"] == bodies[1]["messages"]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt_ids = tokenizer.apply_chat_template(
+        bodies[0]["messages"],
+        tools=bodies[0]["tools"],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        **bodies[0]["chat_template_kwargs"],
+    )["input_ids"]
+
+    state = hass.states.get(_entity_id(hass, "sensor", f"{subentry.subentry_id}_prompt_tokens"))
+    assert state is not None
+    assert int(state.state) == len(prompt_ids)
+    attributes = state.attributes
+    assert attributes["server_prompt_tokens"] == len(prompt_ids)
+    # Counted before sending through the server's /tokenize, which renders the same way.
+    assert attributes["counted_exactly"] is True
+    assert attributes["counted_tokens"] == len(prompt_ids)
+    assert attributes["truncated"] is False
+    assert attributes["context_size"] == entry.runtime_data.backend.context_size
+    assert attributes["exposed_entities"] == 3
+    assert attributes["first_token_uncached_s"] > 0
+    assert attributes["first_token_cached_s"] > 0
+    issues = ir.async_get(hass).issues
+    assert not [key for key in issues if key[0] == DOMAIN]
+
+
+@pytest.mark.parametrize("own_server", [("--max-model-len", "256")], indirect=True)
+async def test_a_prompt_beyond_the_servers_context_is_a_repair_and_is_not_sent(
+    hass: HomeAssistant, small_home: None, own_entry: MockConfigEntry
+) -> None:
+    """Counted exactly through the server's /tokenize, a prompt over its 256-token context
+    is never sent (the server would refuse it); the repair says so, and goes with the entry."""
+    entry = own_entry
+    subentry = next(s for s in entry.subentries.values() if s.subentry_type == "conversation")
+    issue_id = f"prompt_too_long_{subentry.subentry_id}"
+    assert ir.async_get(hass).async_get_issue(DOMAIN, issue_id) is None  # no tools yet: fits
+    with _bodies_sent(entry) as bodies:
+        hass.config_entries.async_update_subentry(
+            entry, subentry, data={**subentry.data, CONF_LLM_HASS_API: [llm.LLM_API_ASSIST]}
+        )
+        await hass.async_block_till_done(wait_background_tasks=True)
+    assert bodies == []
+    state = hass.states.get(_entity_id(hass, "sensor", f"{subentry.subentry_id}_prompt_tokens"))
+    assert state is not None
+    assert state.attributes["counted_exactly"] is True
+    assert state.attributes["context_size"] == 256
+    assert state.attributes["server_prompt_tokens"] is None  # nothing was sent
+    assert int(state.state) > 256
+    issue = ir.async_get(hass).async_get_issue(DOMAIN, issue_id)
+    assert issue is not None
+    assert issue.translation_placeholders is not None
+    assert issue.translation_placeholders["tokens"] == state.state
+    assert issue.translation_placeholders["context"] == "256"
+    assert issue.translation_placeholders["entities"] == "3"
+    assert await hass.config_entries.async_unload(entry.entry_id)
+    await hass.async_block_till_done()
+    assert ir.async_get(hass).async_get_issue(DOMAIN, issue_id) is None
 
 
 async def test_server_stopped_and_restarted_under_home_assistant(

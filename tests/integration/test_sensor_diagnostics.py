@@ -32,7 +32,8 @@ EXPECTED = {
     "time_to_first_token_p95": ("s", None),
     "generation_throughput": ("tokens/s", None),
     "prompt_throughput": ("tokens/s", None),
-    "prefix_cache_hit_rate": ("%", "0.0"),
+    # The warm-up reads the agent's prompt twice, the second time from the cache.
+    "prefix_cache_hit_rate": ("%", None),
     "model_loaded": (None, "loaded"),
 }
 
@@ -42,11 +43,20 @@ async def test_sensors_are_diagnostic_entities_of_one_service_device(
 ) -> None:
     entity_registry = er.async_get(hass)
     device_registry = dr.async_get(hass)
-    sensors = [
+    every_sensor = [
         e
         for e in er.async_entries_for_config_entry(entity_registry, init_integration.entry_id)
         if e.domain == "sensor"
     ]
+    # Besides the engine's, one prompt-size sensor on each conversation agent's own device.
+    agent_sensors = [e for e in every_sensor if e.config_subentry_id is not None]
+    conversation = next(
+        s for s in init_integration.subentries.values() if s.subentry_type == "conversation"
+    )
+    assert [(e.unique_id, e.config_subentry_id) for e in agent_sensors] == [
+        (f"{conversation.subentry_id}_prompt_tokens", conversation.subentry_id)
+    ]
+    sensors = [e for e in every_sensor if e.config_subentry_id is None]
     assert {e.unique_id.removeprefix(f"{init_integration.entry_id}_") for e in sensors} == set(
         EXPECTED
     )

@@ -15,8 +15,10 @@ import pytest
 import yaml
 from homeassistant.util.package import is_installed, parse_requirement_safe
 
+from custom_components.paged_llm.addon import ISSUE_UNREACHABLE
 from custom_components.paged_llm.const import SERVICE_GENERATE, SERVICE_SUMMARIZE
-from custom_components.paged_llm.sensor import SENSORS
+from custom_components.paged_llm.prompt_budget import ISSUES, PromptBudget
+from custom_components.paged_llm.sensor import PROMPT_SENSOR_KEY, SENSORS
 
 INTEGRATION = Path(__file__).resolve().parents[2] / "custom_components" / "paged_llm"
 STRINGS = json.loads((INTEGRATION / "strings.json").read_text(encoding="utf-8"))
@@ -110,9 +112,38 @@ def test_error_messages_only_use_placeholders_the_code_fills() -> None:
 
 def test_entities_and_icons_cover_every_sensor() -> None:
     icons = json.loads((INTEGRATION / "icons.json").read_text(encoding="utf-8"))
-    for description in SENSORS:
-        assert description.translation_key in STRINGS["entity"]["sensor"]
-        assert description.translation_key in icons["entity"]["sensor"]
+    keys = [d.translation_key for d in SENSORS] + [PROMPT_SENSOR_KEY]
+    for key in keys:
+        assert key in STRINGS["entity"]["sensor"]
+        assert key in icons["entity"]["sensor"]
+    # Every attribute the prompt sensor can show has a name.
+    budget = PromptBudget(
+        prompt_tokens=1,
+        context_size=2,
+        answer_tokens=1,
+        exposed_entities=0,
+        counted_tokens=1,
+        counted_exactly=True,
+        remote=True,
+    )
+    named = STRINGS["entity"]["sensor"]["prompt_tokens"]["state_attributes"]
+    assert set(budget.attributes()) == set(named)
+
+
+def test_each_repair_is_translated_with_the_placeholders_the_code_fills() -> None:
+    common = {"agent", "tokens", "entities"}
+    filled = {
+        "prompt_too_long": common | {"context", "answer"},
+        "prompt_slow": common | {"seconds", "threshold"},
+        "prompt_truncated": common | {"reported", "counted"},
+        # The add-on's server does not answer (addon.py).
+        ISSUE_UNREACHABLE: {"entry", "url"},
+    }
+    assert set(STRINGS["issues"]) == {*ISSUES, ISSUE_UNREACHABLE} == set(filled)
+    for key, issue in STRINGS["issues"].items():
+        assert _placeholders(issue["title"]) <= filled[key], key
+        assert _placeholders(issue["description"]) <= filled[key], key
+        assert key == ISSUE_UNREACHABLE or "{entities}" in issue["description"], key
 
 
 def test_actions_are_described_and_translated() -> None:
