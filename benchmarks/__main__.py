@@ -18,6 +18,7 @@ COMMANDS = (
     "gguf",
     "gguf_kernels",
     "gguf_models",
+    "home_commands",
     "kernels",
     "llama_cpp",
     "profile_step",
