@@ -81,6 +81,7 @@ from paged_llm.protocol.defaults import DEFAULT_MODEL
 
 from . import ROOT, argument_parser
 from .machine import cpu_name
+from .runners import pct
 
 # Home Assistant's assistant id for Assist (what entities are exposed to).
 ASSISTANT = conversation.DOMAIN
@@ -862,14 +863,6 @@ def progress_line(number: int, total: int, mode: str, command: Command, outcome:
 # --- Figures -------------------------------------------------------------------------
 
 
-def percentile(values: Sequence[float], share: float) -> float | None:
-    """The ``share`` quantile (nearest rank) of ``values``; None when there are none."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered) + 0.5) - 1))]
-
-
 def summarize(commands: Sequence[Command], outcomes: Sequence[Outcome]) -> dict[str, Any]:
     """The figures of one agent over the commands."""
     calls = [call for outcome in outcomes for call in outcome.calls]
@@ -889,8 +882,8 @@ def summarize(commands: Sequence[Command], outcomes: Sequence[Outcome]) -> dict[
         "correct": sum(o.correct for o in outcomes),
         "correct_rate": statistics.fmean(o.correct for o in outcomes) if outcomes else None,
         "by_kind": by_kind,
-        "first_token_p50_s": percentile(firsts, 0.5),
-        "first_token_p95_s": percentile(firsts, 0.95),
+        "first_token_p50_s": pct(firsts, 0.5),
+        "first_token_p95_s": pct(firsts, 0.95),
         "seconds_per_command": statistics.fmean(o.total_s for o in outcomes) if outcomes else None,
     }
 
