@@ -304,7 +304,7 @@ class EmbeddedBackend:
         from paged_llm.engine.errors import EngineDeadError, EngineError
         from paged_llm.engine.frontend import sampling_params
 
-        prompt, templated = self._prompt(messages)
+        prompt, kwargs, templated = self._prompt(messages, sampling)
         try:
             params = sampling_params(
                 max_tokens=sampling.max_tokens,
@@ -318,7 +318,6 @@ class EmbeddedBackend:
                 presence_penalty=sampling.presence_penalty,
             )
             params = await self._constrain(params, sampling)
-            kwargs = self._template_kwargs(sampling) if templated else None
             async for out in self.engine.generate(
                 prompt, params, priority, tools=tools, chat_template_kwargs=kwargs
             ):
@@ -335,16 +334,17 @@ class EmbeddedBackend:
             raise backend_error(err, restart=crashed) from err
 
     def _prompt(
-        self, messages: Sequence[Mapping[str, Any]]
-    ) -> tuple[str | list[dict[str, Any]], bool]:
-        """What the engine gets for chat messages, and whether the chat template renders it.
+        self, messages: Sequence[Mapping[str, Any]], sampling: Sampling
+    ) -> tuple[str | list[dict[str, Any]], dict[str, Any] | None, bool]:
+        """What the engine gets for chat messages: prompt, template variables, templated.
 
-        Messages go through the model's chat template; a model without one (a base model)
-        gets a plain transcript.
+        Messages go through the model's chat template (with its reasoning switch as the
+        agent sets it); a model without one (a base model) gets a plain transcript. Both
+        generation and counting take this, so a count is the request's prompt tokens.
         """
         if chat_template(self._tokenizer()) is not None:
-            return [dict(m) for m in messages], True
-        return render_plain([dict(m) for m in messages]), False
+            return [dict(m) for m in messages], self._template_kwargs(sampling), True
+        return render_plain([dict(m) for m in messages]), None, False
 
     async def async_count_prompt_tokens(
         self,
@@ -360,8 +360,7 @@ class EmbeddedBackend:
         from paged_llm.engine.errors import EngineError
 
         await self._async_ensure_loaded()
-        prompt, templated = self._prompt(messages)
-        kwargs = self._template_kwargs(sampling) if templated else None
+        prompt, kwargs, _ = self._prompt(messages, sampling)
         try:
             ids = await self.engine.tokenize(prompt, tools, kwargs)
         except EngineError as err:
