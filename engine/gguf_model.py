@@ -1,4 +1,4 @@
-"""A GGUF file as a transformers model whose weights stay in the file, in its own block formats.
+"""A GGUF file as a model whose weights stay in the file, in its own block formats.
 
 The file is memory-mapped; every linear layer (and the token embedding) whose tensor has
 a kernel reads its blocks where they lie in the mapping (kernels/gguf_kernels.c), so
@@ -6,7 +6,9 @@ nothing the size of the model is copied or written to disk. The small float tens
 (norms, biases) and any tensor no kernel reads are dequantized into memory with ``gguf``'s
 own ``dequantize``, and transformers' tensor processor is applied to them as its GGUF
 loader does. The only files kept are the model's config and tokenizer (parsing them out
-of the file's metadata takes seconds; the kept copy loads in well under one).
+of the file's metadata takes seconds; the kept copy loads in well under one). The model
+is transformers' own, or, where the engine's C forward runs the architecture, a
+native_model.NativeModel under the same names (no transformers model class imported).
 
 llama.cpp stores Llama's query and key rows in its own order; transformers' processor
 undoes that by moving rows. A kept matrix cannot move its rows, so its layer reorders
@@ -32,7 +34,7 @@ import torch
 
 from paged_llm.kernels import gguf_kernels
 
-from . import gguf_file
+from . import gguf_file, native_model
 from .architectures import check_supported
 from .errors import ModelLoadError
 from .gguf_file import GGUFFile, TensorInfo
@@ -229,24 +231,24 @@ def load_gguf_model(
     in_place: bool,
     cache_dir: Path | None,
     progress: Callable[[float], None] | None = None,
+    native: bool = False,
 ) -> GGUFModel:
     """Build the model of a GGUF file; ``in_place`` keeps its quantized tensors where they lie.
 
     ``fit(config)`` gives the dtype of what is held in memory (and refuses a dense model
     that memory cannot hold). Without ``in_place`` every tensor is dequantized into memory
-    (the exact float path). Every failure is a ModelLoadError naming the file and tensor.
-    ``progress`` gets the done fraction of the tensors, 1.0 once they are all placed.
+    (the exact float path). ``native`` (in place only) builds a NativeModel instead of
+    transformers' model where the C forward runs the architecture: the caller has made
+    sure the C forward is available. Every failure is a ModelLoadError naming the file
+    and tensor. ``progress`` gets the done fraction of the tensors, 1.0 once they are all
+    placed.
     """
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
-
     file = gguf_file.read(gguf)
     check_memory(file)
     config, tokenizer = config_and_tokenizer(gguf, cache_dir)
     check_supported(config)
     dtype = fit(config) if not in_place else torch.float32
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    model = _skeleton(config, dtype, native=in_place and native)
     processor, names = _name_map(file, model)
     if in_place:
         refuse_unsupported(file, names)
@@ -295,6 +297,22 @@ def load_gguf_model(
     if missing:
         raise ModelLoadError(f"GGUF file {gguf} lacks the tensor(s) {', '.join(missing[:5])}")
     return GGUFModel(model, tokenizer, dtype, kept=counts[0], dense=counts[1])
+
+
+def _skeleton(config: Any, dtype: torch.dtype, native: bool) -> Any:
+    """The model of ``config`` with its weights on the meta device, for the loader to fill.
+
+    A NativeModel where ``native`` asks and the C forward runs the architecture (no
+    transformers model class imported: seconds of a start), else transformers' model.
+    """
+    if native and native_model.can_build(config):
+        with torch.device("meta"):
+            return native_model.NativeModel(config)
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
 
 
 def refuse_unsupported(file: GGUFFile, names: dict[str, str]) -> None:

@@ -150,7 +150,7 @@ def _load_gguf(
     activations are float32: the kernels take them so.
     """
     # Here, not at the top: only a GGUF load needs the gguf package and these kernels.
-    from paged_llm.kernels import gguf_kernels
+    from paged_llm.kernels import cpu_forward, gguf_kernels
 
     from .gguf_model import load_gguf_model
 
@@ -161,16 +161,18 @@ def _load_gguf(
         # start builds the kernels for seconds before the tensors' fractions.
         progress(0.01)
     if in_place:
-        reason = gguf_kernels.unavailable(None if cache_dir is None else cache_dir / "kernels")
+        reason = gguf_kernels.unavailable(_kernels(cache_dir))
         if reason is not None:
             _LOGGER.warning(
                 "%s loads dense: the GGUF CPU kernels are unavailable (%s)", gguf, reason
             )
             in_place = False
+    # The C forward runs a supported architecture without transformers' model class.
+    native = in_place and cpu_forward.unavailable(_kernels(cache_dir)) is None
     if progress is not None:
         progress(KERNELS_SHARE)
     tensors = None if progress is None else _scaled(progress, KERNELS_SHARE)
-    loaded = load_gguf_model(gguf, fit, in_place, cache_dir, tensors)
+    loaded = load_gguf_model(gguf, fit, in_place, cache_dir, tensors, native=native)
     if not in_place:
         return loaded.model, loaded.tokenizer, loaded.dtype, None
     kept = ", ".join(f"{n} {kind}" for kind, n in sorted(loaded.kept.items()))
@@ -178,6 +180,11 @@ def _load_gguf(
     text = f"gguf in place ({kept} tensors on {gguf_kernels.vector_path()} kernels"
     text += f"; {dense} in memory)" if dense else ")"
     return loaded.model, loaded.tokenizer, loaded.dtype, text
+
+
+def _kernels(cache_dir: Path | None) -> Path | None:
+    """Where the C kernels are built: the cache folder's kernels/, else their default."""
+    return None if cache_dir is None else cache_dir / "kernels"
 
 
 def _load_folder(source: str, fit: DtypeFit, local_only: bool) -> tuple[Any, Any, torch.dtype]:
@@ -300,7 +307,7 @@ def _attention_path(device: torch.device, dtype: torch.dtype, config: EngineConf
     if dtype != torch.float32:
         return f"torch ({str(dtype).removeprefix('torch.')})"
     cache_dir = config.cache_dir
-    reason = cpu_attention.unavailable(None if cache_dir is None else cache_dir / "kernels")
+    reason = cpu_attention.unavailable(_kernels(cache_dir))
     if reason is not None:
         _LOGGER.info("decode attention takes the torch path: %s", reason)
         return f"torch ({reason})"
@@ -326,7 +333,7 @@ def apply_weights(
             f"weights {fmt.value!r} uses torch's CPU kernels; use weights 'float' on {device}"
         )
     # Built (once) into the engine's cache folder.
-    cpu_quant.unavailable(None if cache_dir is None else cache_dir / "kernels")
+    cpu_quant.unavailable(_kernels(cache_dir))
     swapped = Counter(quantize_model(model, fmt, dtype))
     if not swapped:
         return "float"

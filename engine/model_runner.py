@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import AttentionInterface
 
 from paged_llm.kernels import (
     AttentionCall,
@@ -21,6 +21,7 @@ from paged_llm.kernels import (
 from .config import KV_CACHE_DTYPES, EngineConfig
 from .loader import LoadedModel
 from .native_forward import NativeForward
+from .native_model import NativeModel
 from .penalties import apply_penalties
 from .sampler import Sampler
 from .scheduler import SchedulerOutput
@@ -96,7 +97,16 @@ def paged_attention_forward(
     return out.unsqueeze(0), None
 
 
-AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
+@functools.cache
+def _register_attention() -> None:
+    """Make paged attention known to transformers by ATTENTION_NAME (once).
+
+    Imported here, not at the top: a model the C forward runs never needs transformers'
+    modeling stack, whose import takes seconds of a start.
+    """
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
 
 
 def kv_geometry(model_config: Any) -> tuple[int, int, int]:
@@ -211,13 +221,18 @@ class ModelRunner:
             (zeroed(shape, kv_dtype, self.device), zeroed(shape, kv_dtype, self.device))
             for _ in range(layers)
         ]
-        self.model.set_attn_implementation(ATTENTION_NAME)
+        if not isinstance(self.model, NativeModel):
+            _register_attention()
+            self.model.set_attn_implementation(ATTENTION_NAME)
         # The engine's own C forward where it runs the model (CPU, GGUF in place), else None
         # and transformers' forward; tests set it to None to compare the two.
         self.native: NativeForward | None = None
         self.forward_text = "transformers' forward"
         if self.device.type == "cpu":
             self.native, self.forward_text = NativeForward.of(self.model, self.kv_caches)
+        if self.native is None and isinstance(self.model, NativeModel):
+            # The loader builds one only where the C forward runs; it has no other forward.
+            raise RuntimeError(f"a NativeModel cannot run: {self.forward_text}")
         # How attention runs (for diagnostics): the loader's choice, unless the C forward
         # runs the whole step.
         self.attention_text = loaded.attention

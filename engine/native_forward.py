@@ -17,13 +17,8 @@ import torch
 
 from paged_llm.kernels import cpu_forward, gguf_kernels
 
+from . import native_model
 from .gguf_model import GGUFEmbedding, GGUFLinear
-
-# Model types whose decoder layer cpu_forward.c runs as transformers does.
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-# Rotary kinds whose cos and sin at a position do not depend on the rest of the step, so a
-# table worked out once serves every step (dynamic NTK and LongRoPE change with the length).
-_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
 class NativeForward:
@@ -37,7 +32,7 @@ class NativeForward:
             raise ValueError(reason)
         decoder = model.model
         self._rotary = decoder.rotary_emb
-        self._static = getattr(self._rotary, "rope_type", None) in _STATIC_ROPE
+        self._static = getattr(self._rotary, "rope_type", None) in native_model.STATIC_ROPE
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None
         first = decoder.layers[0].self_attn
         layers = [
@@ -107,12 +102,9 @@ _PROBE = torch.empty(0, dtype=torch.float32)
 
 def _refusal(model: Any) -> str | None:
     """Why the C forward cannot run this model, or None when it can."""
-    config = model.config
-    model_type = getattr(config, "model_type", None)
-    if model_type not in MODEL_TYPES:
-        return f"model type {model_type!r} has no native forward"
-    if getattr(config, "hidden_act", None) != "silu":
-        return f"activation {config.hidden_act!r}"
+    reason = native_model.refusal(model.config)
+    if reason is not None:
+        return reason
     if model.dtype != torch.float32 or model.device.type != "cpu":
         return f"a {model.dtype} model on {model.device.type}"
     if not isinstance(model.lm_head, GGUFLinear):
@@ -120,9 +112,6 @@ def _refusal(model: Any) -> str | None:
     for layer in model.model.layers:
         if not all(isinstance(m, GGUFLinear) for m in _projections(layer)):
             return "a projection is not a GGUF matrix read in place"
-    rope = getattr(config, "rope_parameters", None) or {}
-    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
-        return "partial rotary embeddings"
     return None
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,54 @@ async def becomes_true(check: Callable[[], bool], seconds: float) -> bool:
             return False
         await asyncio.sleep(0.01)
     return True
+
+
+def greedy_together(engine: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy tokens of ``prompts`` added at once and run to the end, in prompt order."""
+    from paged_llm.engine.sequence import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, request_id=str(i))
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.request_id].extend(out.token_ids)
+    return list(tokens.values())
+
+
+@contextlib.contextmanager
+def recorded_logits() -> Iterator[list[Any]]:
+    """Within it, a copy of every engine step's logits (before penalties) is kept, in order."""
+    import paged_llm.engine.model_runner as model_runner
+
+    seen: list[Any] = []
+    penalties = model_runner.apply_penalties
+
+    def record(logits: Any, seqs: Any) -> Any:
+        """Keep a copy of the step's logits."""
+        seen.append(logits.clone())
+        return penalties(logits, seqs)
+
+    model_runner.apply_penalties = record
+    try:
+        yield seen
+    finally:
+        model_runner.apply_penalties = penalties
+
+
+def in_place_f32(model: Any) -> None:
+    """Swap every linear layer for a GGUF F32 matrix read in place over the same weight."""
+    import torch
+
+    from paged_llm.engine.gguf_model import GGUFLinear
+    from paged_llm.kernels import gguf_kernels
+
+    f32 = gguf_kernels.TYPES["F32"]
+    for name, module in list(model.named_modules()):
+        if isinstance(module, torch.nn.Linear):
+            weight = module.weight.detach().contiguous()
+            matrix = gguf_kernels.Matrix(weight.view(torch.uint8).reshape(-1), f32, *weight.shape)
+            parent, _, child = name.rpartition(".")
+            owner = model.get_submodule(parent) if parent else model
+            setattr(owner, child, GGUFLinear(matrix, module.bias))

@@ -15,14 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-import paged_llm.engine.model_runner as model_runner
-from paged_llm.engine.gguf_model import GGUFLinear
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.native_forward import NativeForward
-from paged_llm.engine.sequence import SamplingParams
 from paged_llm.kernels import cpu_forward, gguf_kernels
 
-from support import make_loaded
+from support import greedy_together, in_place_f32, make_loaded, recorded_logits
 
 pytestmark = pytest.mark.skipif(
     cpu_forward.unavailable() is not None, reason=f"no C forward: {cpu_forward.unavailable()}"
@@ -32,43 +29,15 @@ PROMPTS = [list(range(3, 90)), [5, 17, 300, 41], [9] * 40]
 F32 = gguf_kernels.TYPES["F32"]
 
 
-def _in_place(model: Any) -> None:
-    """Swap every linear layer for a GGUF F32 matrix over the same float32 weight."""
-    for name, module in list(model.named_modules()):
-        if isinstance(module, torch.nn.Linear):
-            weight = module.weight.detach().contiguous()
-            matrix = gguf_kernels.Matrix(weight.view(torch.uint8).reshape(-1), F32, *weight.shape)
-            parent, _, child = name.rpartition(".")
-            owner = model.get_submodule(parent) if parent else model
-            setattr(owner, child, GGUFLinear(matrix, module.bias))
-
-
 def _run(loaded: Any, config: Any, native: bool) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy tokens of PROMPTS run together, and the logits of every step."""
     engine = LLMEngine(loaded, config)
     assert (engine.runner.native is not None) is True
     if not native:
         engine.runner.native = None
-    seen: list[torch.Tensor] = []
-    penalties = model_runner.apply_penalties
-
-    def record(logits: torch.Tensor, seqs: Any) -> torch.Tensor:
-        """Keep a copy of the step's logits."""
-        seen.append(logits.clone())
-        return penalties(logits, seqs)
-
-    model_runner.apply_penalties = record
-    try:
-        params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-        for i, prompt in enumerate(PROMPTS):
-            engine.add_request(prompt, params, request_id=str(i))
-        tokens: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
-        while engine.has_unfinished():
-            for out in engine.step():
-                tokens[out.request_id].extend(out.token_ids)
-    finally:
-        model_runner.apply_penalties = penalties
-    return list(tokens.values()), seen
+    with recorded_logits() as seen:
+        tokens = greedy_together(engine, PROMPTS, 10)
+    return tokens, seen
 
 
 # The bound, relative to the logits' spread: float32 rounding alone with a float32 pool; a
@@ -83,7 +52,7 @@ def test_the_c_forward_gives_transformers_logits(arch: str, kv: str) -> None:
     """Prefill chunks and decodes of three sequences: float32 rounding apart, same logits."""
     # A small token budget: the long prompt is cut into chunks that share steps with decodes.
     loaded, config = make_loaded(arch, kv_cache_dtype=kv, max_num_batched_tokens=32)
-    _in_place(loaded.model)
+    in_place_f32(loaded.model)
     got, ours = _run(loaded, config, native=True)
     want, theirs = _run(loaded, config, native=False)
     assert got == want
@@ -100,14 +69,14 @@ def test_models_it_cannot_run_stay_on_transformers(monkeypatch: pytest.MonkeyPat
         patch.setattr(cpu_forward, "unavailable", lambda: pytest.fail("built for nothing"))
         assert LLMEngine(loaded, config).runner.native is None  # dense nn.Linear layers
     gemma, config = make_loaded("gemma2")
-    _in_place(gemma.model)
+    in_place_f32(gemma.model)
     assert LLMEngine(gemma, config).runner.native is None
 
 
 def test_bad_ids_and_tables_are_refused_and_change_nothing() -> None:
     """An id outside the vocabulary or a table outside the pool: IndexError, pool untouched."""
     loaded, config = make_loaded("llama")
-    _in_place(loaded.model)
+    in_place_f32(loaded.model)
     engine = LLMEngine(loaded, config)
     native = engine.runner.native
     assert isinstance(native, NativeForward)
