@@ -8,9 +8,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
+
+from paged_llm.protocol.tool_prompt import (
+    template_shows_tools,
+    template_source,
+    tools_as_text,
+    uses_tools,
+)
 
 from .config import EngineConfig, KVLayout
 from .detokenizer import Detokenizer
@@ -142,8 +149,13 @@ class LLMEngine:
             raise RequestRejected("empty_prompt", "the prompt is empty")
         if all(isinstance(t, int) for t in prompt):
             return list(prompt)  # type: ignore[arg-type]
+        messages = cast("list[dict[str, Any]]", prompt)  # not ids, as checked above
+        template = template_source(getattr(self.tokenizer, "chat_template", None))
+        if not template_shows_tools(template) and uses_tools(messages, tools):
+            # The template would drop the tools: the Hermes instructions and turns instead.
+            messages, tools = tools_as_text(messages, tools), None
         encoded = self.tokenizer.apply_chat_template(
-            prompt,
+            messages,
             tools=tools or None,
             add_generation_prompt=True,
             tokenize=True,

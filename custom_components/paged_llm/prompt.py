@@ -12,24 +12,15 @@ from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import llm
 from homeassistant.helpers.json import json_dumps
 
+from paged_llm.protocol.tool_prompt import (
+    template_shows_tools,
+    template_source,
+    tools_as_text,
+    uses_tools,
+)
+
 from .const import DOMAIN
-from .tool_calls import HERMES_CLOSE, HERMES_OPEN, template_call_id
-
-# For templates that know nothing of tools: the Hermes convention, which small instruct
-# models have seen most and which the parser reads back.
-TOOL_PROMPT = """# Tools
-
-You may call one or more functions to assist with the user query.
-You are provided with function signatures within <tools></tools> XML tags:
-<tools>
-{tools}
-</tools>
-
-For each function call, return a JSON object with the function name and arguments within \
-<tool_call></tool_call> XML tags:
-<tool_call>
-{{"name": <function-name>, "arguments": <args-json-object>}}
-</tool_call>"""
+from .tool_calls import template_call_id
 
 # The agents' default instructions: Home Assistant's, with today's date and the time in
 # words a small model reads (it also appends its own terse time line after the tools).
@@ -56,16 +47,12 @@ PLAIN_STOP = ("\nUser:",)
 
 def chat_template(tokenizer: Any) -> str | None:
     """The tokenizer's chat template source, if it has one."""
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):
-        template = template.get("tool_use") or template.get("default")
-    return template if isinstance(template, str) and template.strip() else None
+    return template_source(getattr(tokenizer, "chat_template", None))
 
 
 def template_knows_tools(tokenizer: Any) -> bool:
     """Whether the chat template renders a ``tools`` list itself."""
-    template = chat_template(tokenizer)
-    return template is not None and "tools" in template
+    return template_shows_tools(chat_template(tokenizer))
 
 
 def format_tool(tool: llm.Tool, custom_serializer: Callable[[Any], Any] | None) -> dict[str, Any]:
@@ -119,12 +106,6 @@ def trim_history(
     return [content[0], *content[user_turns[-(max_history + 1)] :]]
 
 
-def _tool_call_text(call: llm.ToolInput) -> str:
-    """One tool call in the Hermes text form."""
-    payload = json.dumps({"name": call.tool_name, "arguments": call.tool_args})
-    return f"{HERMES_OPEN}\n{payload}\n{HERMES_CLOSE}"
-
-
 def build_messages(
     content: Sequence[conversation.Content],
     *,
@@ -141,11 +122,7 @@ def build_messages(
     messages: list[dict[str, Any]] = []
     for item in content:
         if isinstance(item, conversation.SystemContent):
-            text = item.content
-            if tools and not native_tools:
-                listing = "\n".join(json.dumps(tool["function"]) for tool in tools)
-                text = f"{text}\n\n{TOOL_PROMPT.format(tools=listing)}".strip()
-            messages.append({"role": "system", "content": text})
+            messages.append({"role": "system", "content": item.content})
         elif isinstance(item, conversation.UserContent):
             if item.attachments:
                 raise HomeAssistantError(
@@ -153,42 +130,28 @@ def build_messages(
                 )
             messages.append({"role": "user", "content": item.content})
         elif isinstance(item, conversation.AssistantContent):
-            calls = item.tool_calls or []
-            if native_tools:
-                message: dict[str, Any] = {"role": "assistant", "content": item.content or ""}
-                if calls:
-                    message["tool_calls"] = [
-                        {
-                            "id": template_call_id(call.id),
-                            "type": "function",
-                            "function": {"name": call.tool_name, "arguments": call.tool_args},
-                        }
-                        for call in calls
-                    ]
-                messages.append(message)
-            else:
-                parts = [item.content or "", *(_tool_call_text(call) for call in calls)]
-                messages.append({"role": "assistant", "content": "\n".join(p for p in parts if p)})
-        elif isinstance(item, conversation.ToolResultContent):
-            result = json_dumps({"data": item.result.data, "error": item.result.error})
-            if native_tools:
-                messages.append(
+            message: dict[str, Any] = {"role": "assistant", "content": item.content or ""}
+            if item.tool_calls:
+                message["tool_calls"] = [
                     {
-                        "role": "tool",
-                        "tool_call_id": template_call_id(item.tool_call_id),
-                        "name": item.tool_name,
-                        "content": result,
+                        "id": template_call_id(call.id),
+                        "type": "function",
+                        "function": {"name": call.tool_name, "arguments": call.tool_args},
                     }
-                )
-            else:
-                text = f"<tool_response>\n{result}\n</tool_response>"
-                previous = messages[-1] if messages else None
-                if previous and previous.get("tool_response"):
-                    previous["content"] += "\n" + text
-                else:
-                    messages.append({"role": "user", "content": text, "tool_response": True})
-    for message in messages:
-        message.pop("tool_response", None)
+                    for call in item.tool_calls
+                ]
+            messages.append(message)
+        elif isinstance(item, conversation.ToolResultContent):
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": template_call_id(item.tool_call_id),
+                    "name": item.tool_name,
+                    "content": json_dumps({"data": item.result.data, "error": item.result.error}),
+                }
+            )
+    if not native_tools and uses_tools(messages, tools):
+        messages = tools_as_text(messages, tools)
     if json_instruction:
         for message in reversed(messages):
             if message["role"] == "user":

@@ -30,6 +30,7 @@ from custom_components.paged_llm.const import DEFAULT_SUMMARY_REPETITION_PENALTY
 from custom_components.paged_llm.diagnostics import async_get_config_entry_diagnostics
 from custom_components.paged_llm.home_grammar import async_get_home
 from custom_components.paged_llm.placement import engine_requirements
+from paged_llm.protocol.tool_prompt import template_shows_tools, template_source, tools_as_text
 
 from remote_server import ServerProcess, free_port
 from support import becomes_true
@@ -424,9 +425,11 @@ async def test_the_prompt_budget_is_the_servers_count_of_the_prompt(
     assert [body["max_tokens"] for body in bodies] == [1, 1]
     assert bodies[0]["messages"] == bodies[1]["messages"]
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # The model's template shows no tools, so the server writes Assist's into the prompt.
+    assert not template_shows_tools(template_source(tokenizer.chat_template))
+    assert bodies[0]["tools"]
     prompt_ids = tokenizer.apply_chat_template(
-        bodies[0]["messages"],
-        tools=bodies[0]["tools"],
+        tools_as_text(bodies[0]["messages"], bodies[0]["tools"]),
         add_generation_prompt=True,
         tokenize=True,
         return_dict=True,

@@ -11,7 +11,8 @@ from paged_llm.protocol.errors import ApiError
 from paged_llm.protocol.priority import Priority, parse_priority, to_vllm
 from paged_llm.protocol.requests import parse_chat_request, parse_completion_request
 from paged_llm.protocol.responses import Usage, chat_chunk, chat_completion
-from paged_llm.protocol.tool_calls import ToolCall
+from paged_llm.protocol.tool_calls import ToolCall, parse_tool_calls
+from paged_llm.protocol.tool_prompt import tools_as_text
 from paged_llm.server.settings import ServerSettings, is_loopback
 
 
@@ -156,3 +157,50 @@ def test_listening_beyond_loopback_needs_a_key_or_no_auth(caplog: pytest.LogCapt
     assert "without an API key" in caplog.text
     with pytest.raises(ValueError, match="empty"):
         ServerSettings(api_key=" ").check()
+
+
+LIGHTS = {"type": "function", "function": {"name": "lights", "parameters": {"type": "object"}}}
+
+
+def test_tools_as_text_writes_the_tools_calls_and_results_for_a_template_without_them() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "lights", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Lights on"},
+        {"role": "assistant", "content": None, "tool_calls": [call, {**call, "id": "c2"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "done"}]},
+        {"role": "assistant", "content": "Done."},
+        {"role": "tool", "tool_call_id": "c3", "content": "late"},
+    ]
+    shown = tools_as_text(messages, [LIGHTS])
+    # No system message: one is added for the tools.
+    roles = [m["role"] for m in shown]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert json.dumps(LIGHTS["function"]) in shown[0]["content"]
+    assert all(set(m) == {"role", "content"} for m in shown)
+    # The calls as the parser reads them back, the results of one run in one user turn.
+    content, calls = parse_tool_calls(shown[2]["content"], {"lights"})
+    assert (content, [(c.tool_name, c.tool_args) for c in calls]) == (
+        "",
+        [("lights", {}), ("lights", {})],
+    )
+    assert shown[3]["content"] == (
+        "<tool_response>\nok\n</tool_response>\n<tool_response>\ndone\n</tool_response>"
+    )
+    assert shown[5]["content"] == "<tool_response>\nlate\n</tool_response>"
+    assert messages[1]["tool_calls"] == [call, {**call, "id": "c2"}]  # the input is untouched
+
+
+def test_tools_as_text_keeps_a_system_prompt_and_arguments_it_cannot_parse() -> None:
+    broken = {"function": {"name": "lights", "arguments": "{not json"}}
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "assistant", "content": "Sure.", "tool_calls": [broken]},
+    ]
+    shown = tools_as_text(messages, [LIGHTS])
+    assert shown[0]["content"].startswith("Be brief.\n\n# Tools")
+    assert shown[1]["content"] == (
+        'Sure.\n<tool_call>\n{"name": "lights", "arguments": "{not json"}\n</tool_call>'
+    )
+    # Without tools offered, only the turns become text; the system prompt stays.
+    assert tools_as_text(messages, None)[0] == messages[0]

@@ -25,6 +25,22 @@ TOOLS = [
     }
 ]
 ASK = [{"role": "user", "content": "Kitchen lights on, please."}]
+# An earlier round: the call and its result.
+HISTORY = [
+    *ASK,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_01HXYZABCDEF",
+                "type": "function",
+                "function": {"name": "lights", "arguments": '{"room": "kitchen"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_01HXYZABCDEF", "content": '{"success": true}'},
+]
 
 
 @pytest.fixture(scope="module")
@@ -93,21 +109,7 @@ def test_tool_choice_none_keeps_the_text(client: openai.OpenAI) -> None:
 
 
 def test_tool_results_in_the_history_are_accepted(client: openai.OpenAI) -> None:
-    history = [
-        *ASK,
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_01HXYZABCDEF",
-                    "type": "function",
-                    "function": {"name": "lights", "arguments": '{"room": "kitchen"}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_01HXYZABCDEF", "content": '{"success": true}'},
-    ]
+    history = HISTORY
     reply = client.chat.completions.create(
         model=MODEL,
         messages=history,
@@ -123,3 +125,35 @@ def test_tool_results_in_the_history_are_accepted(client: openai.OpenAI) -> None
             max_tokens=4,
         )  # fmt: skip
     assert "messages[1].tool_calls[0].function.arguments" in str(caught.value)
+
+
+def test_a_template_without_tools_gets_them_as_hermes_instructions(client: openai.OpenAI) -> None:
+    """The bundled tokenizer's template renders no tools: they are written into the prompt."""
+    from transformers import AutoTokenizer
+
+    from paged_llm.protocol.tool_prompt import tools_as_text
+
+    from support import tokenizer_dir
+
+    history = [{"role": "system", "content": "Be brief."}, *HISTORY]
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    for tools in (TOOLS, None):
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=history,  # type: ignore[arg-type]
+            max_tokens=1,
+            tools=tools or openai.omit,  # type: ignore[arg-type]
+        )
+        shown = tools_as_text(history, tools)
+        assert reply.usage is not None
+        want = tokenizer.apply_chat_template(
+            shown, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        assert reply.usage.prompt_tokens == len(want)
+    prompt = tokenizer.apply_chat_template(tools_as_text(history, TOOLS), tokenize=False)
+    assert "<tools>" in prompt
+    assert '"name": "lights"' in prompt
+    assert (
+        '<tool_call>\n{"name": "lights", "arguments": {"room": "kitchen"}}\n</tool_call>' in prompt
+    )
+    assert '<tool_response>\n{"success": true}\n</tool_response>' in prompt
