@@ -587,6 +587,11 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             k: data[k] for k in (CONF_URL, CONF_API_KEY, CONF_MODEL) if k in data
         }
         entry = self.hass.config_entries.async_entry_for_domain_unique_id(DOMAIN, unique_id)
+        model = updates.get(CONF_MODEL)
+        if entry is not None and model and entry.title == entry.data.get(CONF_MODEL):
+            # The title was the model's name, so it follows the model; a name the user
+            # gave the entry stays.
+            self.hass.config_entries.async_update_entry(entry, title=model)
         if (
             entry is not None
             and entry.state is ConfigEntryState.SETUP_ERROR

@@ -146,6 +146,23 @@ async def test_a_new_url_or_key_updates_the_entry_which_follows_it(
     assert not hass.config_entries.flow.async_progress_by_handler(DOMAIN)
 
 
+async def test_a_new_model_renames_an_entry_named_after_the_model_only(
+    hass: HomeAssistant, server: ServerProcess, addon_entry: config_entries.ConfigEntry
+) -> None:
+    entry = addon_entry
+    assert entry.title == "tiny"
+    # The add-on now serves another model: the title, the model's name, follows it.
+    result = await discover(hass, discovery(server.port, model="tiny-2"))
+    assert result["reason"] == "already_configured"
+    await hass.async_block_till_done()
+    assert (entry.title, entry.data["model"]) == ("tiny-2", "tiny-2")
+    # A name the user gave stays through the next change.
+    hass.config_entries.async_update_entry(entry, title="Kitchen brain")
+    result = await discover(hass, discovery(server.port, model="tiny"))
+    await hass.async_block_till_done()
+    assert (entry.title, entry.data["model"]) == ("Kitchen brain", "tiny")
+
+
 async def test_an_ignored_add_on_stays_ignored(hass: HomeAssistant, server: ServerProcess) -> None:
     result = await discover(hass, discovery(server.port))
     assert result["step_id"] == "hassio_confirm"
