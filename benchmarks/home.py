@@ -10,6 +10,7 @@ comparison) and ``benchmarks.report`` (tables and plots).
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -184,8 +185,10 @@ def main(argv: list[str] | None = None) -> None:
         + f" {quiet}",
         flush=True,
     )
+    # transformers' model class, whose generate is a baseline (the engine runs it as it
+    # runs its own NativeModel: the same C forward).
     loaded = in_own_thread(
-        load_model,
+        functools.partial(load_model, native_model=False),
         EngineConfig(
             model=DEFAULT_MODEL,
             device="cpu",

@@ -142,6 +142,7 @@ def _load_gguf(
     device: torch.device,
     config: EngineConfig,
     progress: Progress | None,
+    native_model: bool = True,
 ) -> tuple[Any, Any, torch.dtype, str | None]:
     """Load a GGUF file: in place on the CPU kernels where ``auto`` allows, else dense.
 
@@ -168,7 +169,7 @@ def _load_gguf(
             )
             in_place = False
     # The C forward runs a supported architecture without transformers' model class.
-    native = in_place and cpu_forward.unavailable(_kernels(cache_dir)) is None
+    native = native_model and in_place and cpu_forward.unavailable(_kernels(cache_dir)) is None
     if progress is not None:
         progress(KERNELS_SHARE)
     tensors = None if progress is None else _scaled(progress, KERNELS_SHARE)
@@ -215,8 +216,13 @@ def _quiet_progress_bars() -> None:
     disable_progress_bars()
 
 
-def load_model(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
+def load_model(
+    config: EngineConfig, progress: Progress | None = None, *, native_model: bool = True
+) -> LoadedModel:
     """Load the configured model onto its device; every failure is a ModelLoadError naming it.
+
+    ``native_model=False`` keeps transformers' model class for a GGUF file the C forward
+    runs (the engine runs it the same way; its ``generate`` is the benchmarks' baseline).
 
     The work runs on a thread of its own that ends before this returns, whatever thread
     calls it: torch's OpenMP runtime (libgomp) keeps a worker pool for every live thread
@@ -229,7 +235,7 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
 
     def work() -> None:
         try:
-            outcome.append(_load_model(config, progress))
+            outcome.append(_load_model(config, progress, native_model))
         except BaseException as err:  # handed to the caller below
             outcome.append(err)
 
@@ -241,7 +247,9 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     return outcome[0]
 
 
-def _load_model(config: EngineConfig, progress: Progress | None) -> LoadedModel:
+def _load_model(
+    config: EngineConfig, progress: Progress | None, native_model: bool = True
+) -> LoadedModel:
     """load_model's work, on its own thread."""
     _quiet_progress_bars()
     device = resolve_device(config.device)
@@ -260,7 +268,9 @@ def _load_model(config: EngineConfig, progress: Progress | None) -> LoadedModel:
                 gguf = Path(source).expanduser()
                 if not gguf.is_file():
                     raise ModelLoadError(f"GGUF file {source} does not exist")
-            model, tokenizer, dtype, weights = _load_gguf(gguf, fmt, fit, device, config, progress)
+            model, tokenizer, dtype, weights = _load_gguf(
+                gguf, fmt, fit, device, config, progress, native_model
+            )
         elif source.startswith(("/", "~", ".")) or Path(source).expanduser().exists():
             path = Path(source).expanduser()
             if not path.is_dir():

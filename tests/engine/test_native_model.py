@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import torch
 
-import paged_llm.engine.gguf_model as gguf_model
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import load_model
@@ -60,16 +59,14 @@ def _same(a: Any, b: Any, config: EngineConfig = LIKE_FOR_LIKE) -> None:
     [("llama", {"*": QK.Q4_0}), ("qwen2", {"attn_v": QK.Q6_K, "*": QK.Q4_K})],
 )
 def test_a_gguf_file_runs_as_transformers_model_of_it_does(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str, kinds: dict[str, QK]
+    tmp_path: Path, arch: str, kinds: dict[str, QK]
 ) -> None:
     """Llama (rows reordered, tied head) and Qwen2 (biases, untied head): the same logits."""
     path = write_gguf(tmp_path / "m", arch, kinds, tmp_path / "cache")
     settings = EngineConfig(model=str(path), device="cpu", cache_dir=tmp_path / "cache")
     native = load_model(settings)
     assert isinstance(native.model, NativeModel)
-    skeleton = gguf_model._skeleton
-    monkeypatch.setattr(gguf_model, "_skeleton", lambda c, d, native: skeleton(c, d, False))
-    theirs = load_model(settings)
+    theirs = load_model(settings, native_model=False)
     assert not isinstance(theirs.model, NativeModel)
     assert native.weights == theirs.weights
     assert native.eos_token_ids == theirs.eos_token_ids
