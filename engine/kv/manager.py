@@ -86,19 +86,13 @@ class KVManager(abc.ABC):
         return self.num_used_blocks / self._num_blocks
 
     @property
-    def num_shared_tokens(self) -> int:
-        """Stored tokens counted more than once by the per-sequence sum (shared blocks)."""
-        return 0
-
-    @property
     def num_live_tokens(self) -> int:
-        """Tokens whose K/V is stored, a token in a shared block counted once."""
+        """Tokens whose K/V is stored (a manager that shares blocks counts a slot once)."""
         b = self._block_size
-        per_seq = sum(
+        return sum(
             min(len(self._tables[rid]) * b, seq.num_computed_tokens)
             for rid, seq in self._seqs.items()
         )
-        return per_seq - self.num_shared_tokens
 
     @property
     def num_allocated_slots(self) -> int:

@@ -42,9 +42,22 @@ class KVCacheManager(KVManager):
         return self._pool.num_free_cached_blocks
 
     @property
-    def num_shared_tokens(self) -> int:
-        """Tokens of shared blocks beyond their first holder (shared blocks are full)."""
-        return self._pool.num_extra_refs * self._block_size
+    def num_live_tokens(self) -> int:
+        """Tokens whose K/V is stored, a slot of a shared block counted once.
+
+        A block shared through its hash is full, but a holder may not have reached its end
+        (a token the runner gave back nothing for is computed again), so each block counts
+        the slots of the holder that reaches furthest into it.
+        """
+        if not self._pool.num_extra_refs:
+            return super().num_live_tokens  # nothing shared: the per-sequence sum
+        b = self._block_size
+        filled: dict[int, int] = {}
+        for rid, seq in self._seqs.items():
+            done = seq.num_computed_tokens
+            for i, block in enumerate(self._tables[rid][: -(-done // b)]):
+                filled[block] = max(filled.get(block, 0), min(b, done - i * b))
+        return sum(filled.values())
 
     def _block_hashes(self, seq: Sequence, count: int) -> list[BlockHash]:
         """Return the hashes of the first ``count`` full blocks of ``seq``, memoised."""

@@ -74,6 +74,24 @@ def test_prefix_lookup_counts_tokens_once_per_admission_and_takes_no_reference()
     assert kv.num_allocated_slots == 4 * 4
 
 
+def test_a_shared_block_one_holder_has_not_reached_the_end_of_counts_each_slot_once() -> None:
+    """A token the runner gave nothing back for is computed again: its sequence then holds
+    a cached full block it has computed only partly, which another sequence shares whole."""
+    kv = KVCacheManager(20, 4)
+    a = make_seq("a", list(range(12)))
+    compute(kv, a, 12)
+    a.num_computed_tokens = 11  # the last token's output was dropped: asked for again
+    b = make_seq("b", [*range(12), 99])
+    computed = kv.get_computed_blocks(b)
+    assert computed.num_tokens == 12
+    assert kv.allocate_slots(b, 1, computed)
+    b.num_computed_tokens = 13
+    assert kv.block_table(b)[:3] == kv.block_table(a)
+    # Slots 0-11 once (b fills the block a reaches into only partly), and b's slot 12.
+    assert kv.num_live_tokens == 13
+    assert kv.num_allocated_slots == 4 * 4
+
+
 def test_full_hit_leaves_the_last_token_to_compute() -> None:
     kv = KVCacheManager(20, 4)
     compute(kv, make_seq("a", list(range(8))), 8)
