@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -278,23 +279,34 @@ class AsyncEngine:
         prompt: Prompt,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        *,
+        add_special_tokens: bool = True,
     ) -> list[int]:
-        """A prompt's token ids, through the chat template for messages (off the loop)."""
+        """A prompt's token ids, through the chat template for messages (off the loop).
+
+        ``add_special_tokens=False`` leaves the tokenizer's special tokens off a text prompt.
+        """
         check_prompt(prompt)
         checked = check_tools(tools), check_template_kwargs(chat_template_kwargs)
-        return await self._tokenize(prompt, *checked)
+        return await self._tokenize(prompt, *checked, add_special_tokens=add_special_tokens)
 
     async def _tokenize(
         self,
         prompt: Prompt,
         tools: list[dict[str, Any]] | None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        *,
+        add_special_tokens: bool = True,
     ) -> list[int]:
         """A checked prompt's ids, off the loop: templating a long document takes milliseconds."""
-        engine = self._llm
-        return await asyncio.get_running_loop().run_in_executor(
-            None, engine.tokenize, prompt, tools, chat_template_kwargs
+        work = functools.partial(
+            self._llm.tokenize,
+            prompt,
+            tools,
+            chat_template_kwargs,
+            add_special_tokens=add_special_tokens,
         )
+        return await asyncio.get_running_loop().run_in_executor(None, work)
 
     async def compile_constraint(self, params: SamplingParams) -> None:
         """Compile ``params``' grammar now (off the loop), so a bad one fails before generate.

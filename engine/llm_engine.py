@@ -132,10 +132,13 @@ class LLMEngine:
         prompt: Prompt,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        *,
+        add_special_tokens: bool = True,
     ) -> list[int]:
         """Token ids for plain text, chat messages (through the chat template) or ids as given.
 
-        ``chat_template_kwargs`` are variables for the template (Qwen3's ``enable_thinking``).
+        ``chat_template_kwargs`` are variables for the template (Qwen3's ``enable_thinking``);
+        ``add_special_tokens=False`` leaves the tokenizer's special tokens off plain text.
         """
         check_prompt(prompt)
         check_tools(tools)
@@ -143,7 +146,9 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestRejected("empty_prompt", "the prompt is empty")
-            ids: list[int] = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            ids: list[int] = self.tokenizer(prompt, add_special_tokens=add_special_tokens)[
+                "input_ids"
+            ]
             return ids
         if not prompt:
             raise RequestRejected("empty_prompt", "the prompt is empty")

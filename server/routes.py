@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -254,13 +253,10 @@ async def tokenize_prompt(request: web.Request) -> web.Response:
     body = parse_chat_request(raw) if chat else parse_completion_request(raw)
     host = request.app[HOST]
     _check_model(host, body.model)
-    engine = host.engine  # a 503 while loading
     plain = isinstance(body, CompletionRequest) and isinstance(body.prompt, str)
     if plain and raw.get("add_special_tokens") is False:
         text = cast(str, cast(CompletionRequest, body).prompt)
-        ids = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: list(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
-        )
+        ids = await host.engine.tokenize(text, add_special_tokens=False)  # a 503 while loading
     else:
         ids = await tokenize(host, body)
     return web.json_response(
