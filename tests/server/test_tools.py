@@ -109,10 +109,9 @@ def test_tool_choice_none_keeps_the_text(client: openai.OpenAI) -> None:
 
 
 def test_tool_results_in_the_history_are_accepted(client: openai.OpenAI) -> None:
-    history = HISTORY
     reply = client.chat.completions.create(
         model=MODEL,
-        messages=history,
+        messages=HISTORY,
         max_tokens=40,
         tools=TOOLS,  # type: ignore[arg-type]
     )
@@ -120,7 +119,7 @@ def test_tool_results_in_the_history_are_accepted(client: openai.OpenAI) -> None
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
             model=MODEL,
-            messages=[*ASK, {**history[1], "tool_calls": [{"type": "function", "function": {
+            messages=[*ASK, {**HISTORY[1], "tool_calls": [{"type": "function", "function": {
                 "name": "lights", "arguments": "{not json"}}]}],  # type: ignore[list-item]
             max_tokens=4,
         )  # fmt: skip
