@@ -22,14 +22,18 @@ pytestmark = pytest.mark.skipif(
     reason=f"no C attention kernel here: {cpu_attention.unavailable()}",
 )
 
-# Head sizes 16..256, groups of 1..8 query heads, blocks smaller and larger than the
-# kernel's 16-key steps, and contexts over several of its 256-key spans.
+# Head sizes 16..256, groups of 1..40 query heads, blocks smaller and larger than the
+# kernel's 16-key steps, and contexts over several of its 256-key spans. The kernel's work
+# items take up to 32 query heads: 48 heads in groups of 4 split between groups, a group
+# of 40 within one.
 CONFIGS = [
     AttentionConfig(torch.float32, 64, 16, 3, 3, "packed"),
     AttentionConfig(torch.float32, 128, 32, 8, 1, "fused"),
     AttentionConfig(torch.float32, 16, 8, 1, 2, "heads_first"),
     AttentionConfig(torch.float32, 256, 64, 2, 1, "packed"),
     AttentionConfig(torch.float32, 32, 16, 4, 2, "packed"),
+    AttentionConfig(torch.float32, 64, 16, 4, 12, "packed"),
+    AttentionConfig(torch.float32, 32, 16, 40, 1, "packed"),
 ]
 LONG = [(1, 1), (255, 1), (256, 1), (257, 1), (1100, 1), (40, 40), (700, 12), (3, 1)]
 
@@ -45,8 +49,11 @@ def in_pool(step: Step, kv_dtype: torch.dtype) -> Step:
 
 
 def _both(step: Step, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same step on the C kernel and on the torch path."""
-    native = reference.paged_attention(step.call(**kwargs))
+    """The same step on the C kernel and on the torch path.
+
+    The kernel's result is copied first: both calls may write the same ``out``.
+    """
+    native = reference.paged_attention(step.call(**kwargs)).clone()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cpu_attention, "takes", lambda *args: False)
         torch_path = reference.paged_attention(step.call(**kwargs))
