@@ -27,6 +27,7 @@ from .sampler import Sampler
 from .scheduler import SchedulerOutput
 from .sequence import Sequence
 from .structured import StructuredOutput
+from .thread_tuner import ThreadTuner
 
 ATTENTION_NAME = "paged_llm"
 _METADATA_KWARG = "paged_llm_metadata"
@@ -230,6 +231,8 @@ class ModelRunner:
         self.forward_text = "transformers' forward"
         if self.device.type == "cpu":
             self.native, self.forward_text = NativeForward.of(self.model, self.kv_caches)
+        # The C forward's thread count, chosen from how fast its steps run.
+        self.tuner = ThreadTuner(self.native.max_threads() if self.native is not None else 1)
         if self.native is None and isinstance(self.model, NativeModel):
             # The loader builds one only where the C forward runs; it has no other forward.
             raise RuntimeError(f"a NativeModel cannot run: {self.forward_text}")
@@ -279,6 +282,9 @@ class ModelRunner:
         # samples nothing still runs its forward pass for the K/V it stores).
         keep = cu[1:][sample_rows] - 1 if sample_rows else cu[1:2] - 1
         dev = self.device
+        # Steps that only decode compare by their number of sequences; others not at all.
+        shape = len(chunks) if all(chunk.num_tokens == 1 for chunk in chunks) else None
+        threads = self.tuner.pick(shape)
         with torch.inference_mode():
             started = time.perf_counter()
             if self.native is not None:
@@ -289,6 +295,7 @@ class ModelRunner:
                     torch.from_numpy(slots),
                     torch.from_numpy(tables.astype(np.int32)),
                     torch.from_numpy(keep),
+                    threads,
                 )
             else:
                 inputs = PagedAttentionInputs(
@@ -317,6 +324,7 @@ class ModelRunner:
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             self.last_forward_s = time.perf_counter() - started
+            self.tuner.record(shape, threads, self.last_forward_s)
             if not sample_rows:
                 return {}
             seqs = [chunks[i].seq for i in sample_rows]

@@ -66,6 +66,11 @@ class NativeForward:
                 reason = str(err)
         return None, f"transformers' forward ({reason})"
 
+    @staticmethod
+    def max_threads() -> int:
+        """The threads a step may run on (OMP_NUM_THREADS, else the usable cores)."""
+        return cpu_forward.max_threads()
+
     def forward(
         self,
         ids: torch.Tensor,
@@ -74,10 +79,11 @@ class NativeForward:
         slots: torch.Tensor,
         tables: torch.Tensor,
         keep: torch.Tensor,
+        threads: int = 0,
     ) -> torch.Tensor:
         """Float32 logits of the kept rows of one packed step (see cpu_forward.Decoder)."""
         cos, sin = self._cos_sin(positions)
-        return self.decoder.forward(ids, positions, seqs, slots, tables, cos, sin, keep)
+        return self.decoder.forward(ids, positions, seqs, slots, tables, cos, sin, keep, threads)
 
     def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary cos and sin ``[rows, head_dim]`` of each position, from the model's module.

@@ -50,13 +50,14 @@ typedef struct {
 
 /* One packed step: rows query tokens, row r of sequence seq[r] at position pos[r], its K/V
  * going to pool slot slot[r]; tables [sequences, table_width]; cos and sin [rows, dim];
- * logits [kept, vocab] for the rows keep[0..kept-1]. */
+ * logits [kept, vocab] for the rows keep[0..kept-1]; threads to run it on (0, or more than
+ * cf_max_threads: that many). */
 typedef struct {
     const int64_t *ids, *pos, *seq, *slot, *keep;
     const int32_t *tables;
     const float *cos, *sin;
     float *logits;
-    int64_t rows, table_width, kept;
+    int64_t rows, table_width, kept, threads;
 } cf_step;
 
 /* An input's activation rows, quantized at most once per family (each thread keeps its own
@@ -477,6 +478,17 @@ static void layer_for(const cf_model *m, const cf_layer *L, const cf_step *s, cf
     linear_for(&L->down, b->gate, &down, R, NULL, b->tmp, b->x);
 }
 
+/* The threads a step runs on by default: the OpenMP runtime's count for the calling thread
+ * (OMP_NUM_THREADS, else the cores it may use); 1 where the library built without OpenMP. */
+int cf_max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
 /* Run the step; logits of the kept rows into s->logits. Returns 0; -1 when memory is short
  * or the shapes are beyond the kernels; having changed nothing, -2 when a block table names
  * a block outside the pool or a slot lies outside it, -3 when a token id is outside the
@@ -520,7 +532,9 @@ int cf_forward(const cf_model *m, const cf_step *s)
     if (!block)
         return -1;
     const int64_t rb = gk_row_bytes((int)m->embed.type, m->hidden);
-#pragma omp parallel
+    const int most = cf_max_threads();
+    const int threads = s->threads > 0 && s->threads < most ? (int)s->threads : most;
+#pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < R; r++)

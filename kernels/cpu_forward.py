@@ -72,7 +72,7 @@ class _Step(ctypes.Structure):
     _fields_ = [
         *((name, _PTR) for name in ("ids", "pos", "seq", "slot", "keep", "tables")),
         *((name, _PTR) for name in ("cos", "sin", "logits")),
-        *((name, _I64) for name in ("rows", "table_width", "kept")),
+        *((name, _I64) for name in ("rows", "table_width", "kept", "threads")),
     ]
 
 
@@ -165,12 +165,15 @@ class Decoder:
         cos: torch.Tensor,
         sin: torch.Tensor,
         keep: torch.Tensor,
+        threads: int = 0,
     ) -> torch.Tensor:
-        """Float32 logits ``[len(keep), vocab]`` of one packed step.
+        """Float32 logits ``[len(keep), vocab]`` of one packed step, on ``threads`` threads.
 
         Per query row: its token id, absolute position, sequence (a row of the int32 block
         ``tables``) and KV slot (int64 each); ``cos``/``sin`` ``[rows, head_dim]`` float32
-        from the model's rotary module; ``keep`` the rows whose logits are wanted.
+        from the model's rotary module; ``keep`` the rows whose logits are wanted;
+        ``threads`` 0 (or above :func:`max_threads`) for that many; the logits are the same
+        bits on any count.
         IndexError when an id is outside the vocabulary, a table or slot outside the pool
         or a kept row outside the step (nothing is changed then).
         """
@@ -187,7 +190,7 @@ class Decoder:
         logits = torch.empty(keep.numel(), self.vocab, dtype=torch.float32)
         step = _Step(
             *(t.data_ptr() for t in (*longs, tables, cos, sin, logits)),
-            rows, tables.shape[1], keep.numel(),
+            rows, tables.shape[1], keep.numel(), max(0, threads),
         )  # fmt: skip
         done = _LIBRARY.get().cf_forward(ctypes.byref(self._model), ctypes.byref(step))
         if done == -2:
@@ -266,7 +269,18 @@ def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | 
         return None, reason
     lib.cf_forward.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
     lib.cf_forward.restype = ctypes.c_int
+    lib.cf_max_threads.argtypes = []
+    lib.cf_max_threads.restype = ctypes.c_int
     return lib, None
+
+
+def max_threads() -> int:
+    """The threads a step runs on by default (OMP_NUM_THREADS, else the usable cores).
+
+    Asked of the library's OpenMP runtime from the calling thread, which should be the one
+    that runs the steps. The library must be available.
+    """
+    return int(_LIBRARY.get().cf_max_threads())
 
 
 # One build per process, by the first caller.

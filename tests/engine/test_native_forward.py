@@ -10,6 +10,7 @@ checked against the dense model in test_gguf_model.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -95,3 +96,47 @@ def test_bad_ids_and_tables_are_refused_and_change_nothing() -> None:
     logits = native.forward(torch.tensor([5]), row, row, row, torch.zeros(1, 1), row)
     assert logits.shape == (1, 512)
     assert torch.isfinite(logits).all()
+
+
+@dataclass(slots=True)
+class Fixed:
+    """A thread tuner that always picks the same count."""
+
+    threads: int
+
+    def pick(self, shape: int | None) -> int:
+        """The fixed count."""
+        return self.threads
+
+    def record(self, shape: int | None, threads: int, seconds: float) -> None:
+        """Nothing to learn."""
+
+
+@pytest.mark.parametrize("kv", ["float32", "float16"])
+def test_the_thread_count_changes_no_bit(kv: str) -> None:
+    """One thread or all of them: the same logits bit for bit (the tuner may switch any step)."""
+    loaded, config = make_loaded("qwen2", kv_cache_dtype=kv, max_num_batched_tokens=32)
+    in_place_f32(loaded.model)
+    runs = []
+    for threads in (1, max(2, NativeForward.max_threads())):
+        engine = LLMEngine(loaded, config)
+        native = engine.runner.native
+        assert isinstance(native, NativeForward)
+        engine.runner.tuner = Fixed(threads)  # type: ignore[assignment]
+        given: list[int] = []
+        forward = native.forward
+
+        def spy(*args: Any, forward: Any = forward, given: list[int] = given) -> torch.Tensor:
+            """Note the thread count each step asks for."""
+            given.append(args[-1])
+            return forward(*args)
+
+        native.forward = spy  # type: ignore[method-assign]
+        with recorded_logits() as seen:
+            tokens = greedy_together(engine, PROMPTS, 10)
+        assert set(given) == {threads}
+        runs.append((tokens, seen))
+    (tokens_one, logits_one), (tokens_all, logits_all) = runs
+    assert tokens_one == tokens_all
+    assert len(logits_one) == len(logits_all)
+    assert all(torch.equal(a, b) for a, b in zip(logits_one, logits_all, strict=True))
