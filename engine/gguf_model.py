@@ -24,7 +24,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,62 +156,92 @@ _PARSE_LOCK = threading.Lock()
 
 @contextlib.contextmanager
 def _metadata_parsed_once() -> Iterator[None]:
-    """Within it, transformers parses a GGUF file's metadata once however often it asks.
+    """Within it, transformers takes a GGUF file's metadata from one parse however often it asks.
 
-    AutoConfig and AutoTokenizer each run transformers' ``load_gguf_checkpoint`` on the
-    file (AutoTokenizer for the config it picks the tokenizer class by), and each run
-    parses every metadata field with gguf's GGUFReader. Here the first call reads the
-    fields with the engine's MetadataReader (the same fields, a tenth of the time) and
-    the second gets a copy of its result, so config and tokenizer are exactly what
-    transformers builds alone. Calls that read tensors, and a transformers without the
-    function, go through unchanged.
+    AutoConfig and AutoTokenizer read the file's metadata four times: three through
+    transformers' ``read_gguf_metadata`` (the config's and the tokenizer's architecture
+    checks, then the vocabulary and merges, which its numpy map reads a string at a time:
+    0.3 s of a first start for a 49k-token vocabulary) and, for the architectures its fast
+    config reader does not cover (llama, qwen2), one ``load_gguf_checkpoint`` through gguf's
+    GGUFReader. Here all of them take their fields from one parse by the engine's
+    MetadataReader (the same fields, a tenth of the time), and a second
+    ``load_gguf_checkpoint`` gets a copy of the first's result, so config and tokenizer are
+    exactly what transformers builds alone. What MetadataReader cannot read (a big-endian
+    file), calls that read tensors, and a transformers without these functions go through
+    unchanged.
     """
     from transformers import modeling_gguf_pytorch_utils
 
     gguf_utils: Any = modeling_gguf_pytorch_utils  # its function is replaced for a while
     original = getattr(gguf_utils, "load_gguf_checkpoint", None)
-    if original is None:
-        yield
-        return
     import gguf
 
     gguf_module: Any = gguf  # its reader class is replaced for one parse at a time
     reader = gguf_module.GGUFReader
-    parsed: dict[str, Any] = {}
+    readers = _metadata_readers()
+    parsed: dict[str, MetadataReader] = {}
+    checkpoints: dict[str, Any] = {}
 
-    def load_once(path: Any, return_tensors: bool = False, *args: Any, **kwargs: Any) -> Any:
-        """load_gguf_checkpoint, its metadata-only result kept per file; a copy per call."""
-        if return_tensors or args or kwargs:
-            return original(path, return_tensors, *args, **kwargs)
+    def parse(path: Any) -> MetadataReader:
+        """The file's one MetadataReader (Unreadable where it cannot read the file)."""
         key = os.path.realpath(path)
         if key not in parsed:
-            gguf_module.GGUFReader = _fields_reader(reader)  # transformers imports it per call
-            try:
-                parsed[key] = original(path, return_tensors=False)
-            finally:
-                gguf_module.GGUFReader = reader
-        # A copy per caller, the first included: a caller may change the dicts it gets.
-        return copy.deepcopy(parsed[key])
+            parsed[key] = MetadataReader(path)
+        return parsed[key]
 
-    with _PARSE_LOCK:
-        gguf_utils.load_gguf_checkpoint = load_once
+    def fields(path: Any, *args: Any, **kwargs: Any) -> Any:
+        """GGUFReader(path)'s fields from the one parse; gguf's reader where it cannot."""
         try:
-            yield
-        finally:
-            gguf_utils.load_gguf_checkpoint = original
-
-
-def _fields_reader(reader: type[Any]) -> Callable[..., Any]:
-    """A reader of the file's fields: MetadataReader, or gguf's ``reader`` where it cannot."""
-
-    def read(path: Any, *args: Any, **kwargs: Any) -> Any:
-        """MetadataReader(path); gguf's reader for what it leaves (a big-endian file)."""
-        try:
-            return MetadataReader(path)
+            return parse(path)
         except Unreadable:
             return reader(path, *args, **kwargs)
 
-    return read
+    def load_once(path: Any, return_tensors: bool = False, *args: Any, **kwargs: Any) -> Any:
+        """load_gguf_checkpoint, its metadata-only result kept per file; a copy per call."""
+        assert original is not None  # put in place only where transformers has it
+        if return_tensors or args or kwargs:
+            return original(path, return_tensors, *args, **kwargs)
+        key = os.path.realpath(path)
+        if key not in checkpoints:
+            gguf_module.GGUFReader = fields  # transformers imports it per call
+            try:
+                checkpoints[key] = original(path, return_tensors=False)
+            finally:
+                gguf_module.GGUFReader = reader
+        # A copy per caller, the first included: a caller may change the dicts it gets.
+        return copy.deepcopy(checkpoints[key])
+
+    def read_metadata(path: Any, string_arrays: Container[str] = ()) -> Any:
+        """What transformers' read_gguf_metadata(path, string_arrays) gives, from the one parse."""
+        try:
+            parsed_file = parse(path)
+        except Unreadable:
+            return readers[0][1](path, string_arrays)
+        return parsed_file.values(string_arrays), tuple(t.name for t in parsed_file.tensors)
+
+    with _PARSE_LOCK:
+        if original is not None:
+            gguf_utils.load_gguf_checkpoint = load_once
+        for module, _ in readers:
+            module.read_gguf_metadata = read_metadata
+        try:
+            yield
+        finally:
+            if original is not None:
+                gguf_utils.load_gguf_checkpoint = original
+            for module, function in readers:
+                module.read_gguf_metadata = function
+
+
+def _metadata_readers() -> list[tuple[Any, Callable[..., Any]]]:
+    """The transformers modules that give ``read_gguf_metadata``, each with that function."""
+    try:
+        from transformers.integrations import gguf as package
+        from transformers.integrations.gguf import reader
+    except ImportError:
+        return []
+    # The package re-exports the reader's function: configuration_utils imports it from there.
+    return [(module, module.read_gguf_metadata) for module in (reader, package)]
 
 
 def check_memory(file: GGUFFile) -> None:

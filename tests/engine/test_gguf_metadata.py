@@ -8,12 +8,13 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
+from transformers import modeling_gguf_pytorch_utils
 from transformers.integrations.ggml import _gguf_parse_value
-from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+from transformers.integrations.gguf import reader as transformers_reader
 
 from paged_llm.engine.config import DEFAULT_MODEL
 from paged_llm.engine.gguf_metadata import MetadataReader, Unreadable
-from paged_llm.engine.gguf_model import _fields_reader
+from paged_llm.engine.gguf_model import _metadata_parsed_once
 from paged_llm.engine.loader import bundled_gguf_path
 
 
@@ -70,20 +71,37 @@ def assert_same_fields(path: Path) -> None:
     assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
 
 
+def assert_same_values(path: Path, keep: tuple[str, ...]) -> None:
+    """values(keep) and the tensors' names are transformers' read_gguf_metadata(path, keep)."""
+    ours = MetadataReader(path)
+    want, names = transformers_reader.read_gguf_metadata(str(path), keep)
+    got = ours.values(keep)
+    assert list(got) == list(want)
+    for name in want:
+        assert got[name] == want[name], name
+        assert type(got[name]) is type(want[name]), name
+        if isinstance(want[name], list):
+            assert [type(v) for v in got[name]] == [type(v) for v in want[name]], name
+    assert tuple(t.name for t in ours.tensors) == names
+
+
 def test_every_value_type_reads_as_gguf_reads_it(tmp_path: Path) -> None:
     """Numbers of each width, bools, strings (UTF-8, empty) and arrays of each."""
-    assert_same_fields(every_kind(tmp_path / "kinds.gguf"))
+    path = every_kind(tmp_path / "kinds.gguf")
+    assert_same_fields(path)
+    assert_same_values(path, ())
+    assert_same_values(path, ("t.strings", "t.none", "t.text"))
 
 
-def test_the_bundled_model_reads_as_gguf_reads_it_into_the_same_checkpoint(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_bundled_model_reads_as_gguf_reads_it_into_the_same_checkpoint() -> None:
     """A real vocabulary, merges and chat template: transformers builds the same dicts."""
     path = bundled_gguf_path(DEFAULT_MODEL.split(":")[1])
     assert_same_fields(path)
-    alone = load_gguf_checkpoint(str(path))
-    monkeypatch.setattr(gguf, "GGUFReader", _fields_reader(gguf.GGUFReader))
-    assert load_gguf_checkpoint(str(path)) == alone
+    assert_same_values(path, ())
+    assert_same_values(path, ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))
+    alone = modeling_gguf_pytorch_utils.load_gguf_checkpoint(str(path))
+    with _metadata_parsed_once():
+        assert modeling_gguf_pytorch_utils.load_gguf_checkpoint(str(path)) == alone
 
 
 def test_what_it_cannot_read_goes_to_gguf_s_reader(tmp_path: Path) -> None:
@@ -91,9 +109,14 @@ def test_what_it_cannot_read_goes_to_gguf_s_reader(tmp_path: Path) -> None:
     big = every_kind(tmp_path / "big.gguf", gguf.GGUFEndian.BIG)
     with pytest.raises(Unreadable, match="version"):
         MetadataReader(big)
-    fallback = _fields_reader(gguf.GGUFReader)(big)
-    assert isinstance(fallback, gguf.GGUFReader)
-    assert values(fallback)["t.text"] == ([8], ["Küche ✨ light"])
+    alone = modeling_gguf_pytorch_utils.load_gguf_checkpoint(str(big))
+    with pytest.raises(ValueError, match="GGUF v") as own_error:
+        transformers_reader.read_gguf_metadata(str(big))
+    with _metadata_parsed_once():
+        assert modeling_gguf_pytorch_utils.load_gguf_checkpoint(str(big)) == alone
+        with pytest.raises(ValueError, match="GGUF v") as error:
+            transformers_reader.read_gguf_metadata(str(big))
+    assert str(error.value) == str(own_error.value)
     whole = every_kind(tmp_path / "whole.gguf").read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(whole[:200])

@@ -240,11 +240,13 @@ def test_a_first_start_parses_the_metadata_once_into_transformers_own_config_and
 ) -> None:
     """The config and tokenizer are exactly transformers' own, from one metadata parse.
 
-    That parse is the engine's MetadataReader, not gguf's reader; the fields it gives
-    must build the same config and tokenizer as transformers alone.
+    That parse is the engine's MetadataReader, not gguf's reader nor transformers' own; the
+    fields it gives must build the same config and tokenizer as transformers alone.
     """
     import gguf
     from transformers import AutoConfig, AutoTokenizer
+    from transformers.integrations import gguf as transformers_gguf
+    from transformers.integrations.gguf import reader as transformers_reader
 
     from paged_llm.engine import gguf_model
 
@@ -263,13 +265,15 @@ def test_a_first_start_parses_the_metadata_once_into_transformers_own_config_and
         """gguf's reader, which a first start no longer needs."""
         raise AssertionError("gguf's GGUFReader parsed the file")
 
-    reader = gguf.GGUFReader
+    reader, own_parse = gguf.GGUFReader, transformers_reader._read_metadata
     monkeypatch.setattr(gguf_model, "MetadataReader", Counted)
     monkeypatch.setattr(gguf, "GGUFReader", refused)
+    monkeypatch.setattr(transformers_reader, "_read_metadata", refused)
     config, tokenizer = config_and_tokenizer(gguf_path, None)
     assert len(parses) == 1
     assert gguf.GGUFReader is refused  # the engine's reader was for that parse only
     monkeypatch.setattr(gguf, "GGUFReader", reader)
+    monkeypatch.setattr(transformers_reader, "_read_metadata", own_parse)
     alone = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     alone_tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     assert config.to_dict() == alone.to_dict()
@@ -286,3 +290,5 @@ def test_a_first_start_parses_the_metadata_once_into_transformers_own_config_and
     from transformers import modeling_gguf_pytorch_utils
 
     assert modeling_gguf_pytorch_utils.load_gguf_checkpoint.__name__ == "load_gguf_checkpoint"
+    assert transformers_reader.read_gguf_metadata.__module__ == transformers_reader.__name__
+    assert transformers_gguf.read_gguf_metadata is transformers_reader.read_gguf_metadata
