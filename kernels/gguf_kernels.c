@@ -786,28 +786,36 @@ INLINE __m256i scales_mins_k4(const uint8_t *p)
     return _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi));
 }
 
+/* The 8 lanes of M for a Q4_K or Q5_K block against one activation row: lane j = min m_j
+ * (from scales_mins_k4's high half) times the row's two sums of 16 of group j, one madd
+ * (at most 2 * 63 * 16 * 127 a lane). */
+INLINE __m256i min_lanes(__m256i mins, const int16_t *xs)
+{
+    const __m256i both = _mm256_permute4x64_epi64(mins, 0xEE); /* the mins in both halves */
+    const __m256i spread = _mm256_setr_epi8(W2(0), W2(0), W2(1), W2(1), W2(2), W2(2), W2(3),
+                                            W2(3), W2(4), W2(4), W2(5), W2(5), W2(6), W2(6),
+                                            W2(7), W2(7));
+    return _mm256_madd_epi16(_mm256_shuffle_epi8(both, spread), mm_load(xs));
+}
+
 /* One row's unreduced sums against a decoded K block: s (8 lanes of S: 32-value group j's
- * codes q[j] times the row's inputs, times its scales scv[j]) and m (4 lanes of M, from the
- * row's 16 sums; Q6_K's is folded into s as S - 32 M, its m left 0). */
+ * codes q[j] times the row's inputs, times its scales scv[j]) and m (8 lanes of M, see
+ * min_lanes; Q6_K's is folded into s as S - 32 M, its m left 0). */
 INLINE void super_lanes_avx2(const int type, const __m256i q[8], const __m256i scv[8],
                              __m256i mins, const int8_t *xq, const int16_t *xs, __m256i *s_out,
-                             __m128i *m_out)
+                             __m256i *m_out)
 {
     __m256i s = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++)
         s = _mm256_add_epi32(
             s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], mm_load(xq + 32 * j)), scv[j]));
-    const __m256i sums = mm_load(xs);
     if (type == T_Q6_K) { /* S - 32 M in one: super_term takes M = 0 */
-        *s_out = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(mins, sums), 5));
-        *m_out = _mm_setzero_si128();
+        *s_out = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(mins, mm_load(xs)), 5));
+        *m_out = _mm256_setzero_si256();
         return;
     }
-    /* sums of 32 values: pairs of the 16 sums (at most 2 * 16 * 127) */
-    const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(sums),
-                                         _mm256_extracti128_si256(sums, 1));
     *s_out = s;
-    *m_out = _mm_madd_epi16(_mm256_extracti128_si256(mins, 1), pairs);
+    *m_out = min_lanes(mins, xs);
 }
 
 /* Lane r = the sum of p[r]'s 8 lanes. */
@@ -818,14 +826,6 @@ INLINE __m256i reduce8(const __m256i p[8])
     const __m256i e = _mm256_hadd_epi32(a, b), f = _mm256_hadd_epi32(c, d);
     return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20),
                             _mm256_permute2x128_si256(e, f, 0x31));
-}
-
-/* Lane r = the sum of m[r]'s 4 lanes. */
-INLINE __m256i reduce8x4(const __m128i m[8])
-{
-    const __m256i a = _mm256_hadd_epi32(pair128(m[0], m[4]), pair128(m[1], m[5]));
-    const __m256i b = _mm256_hadd_epi32(pair128(m[2], m[6]), pair128(m[3], m[7]));
-    return _mm256_hadd_epi32(a, b);
 }
 
 /* The codes of groups 2c and 2c + 1 of a Q4_K or Q5_K block from its code bytes v of chunk
@@ -908,13 +908,13 @@ INLINE void super_decode_avx2(const int type, const uint8_t *blk, __m256i q[8], 
 /* Lane i's term of 8 blocks' sums (block i's S in sv[i], M in mv[i]) and float factors:
  * super_term's float operations, lane by lane. */
 INLINE __m256 super_terms8(const int type, __m256 d, __m256 dmin, __m256 dx, const __m256i sv[8],
-                           const __m128i mv[8])
+                           const __m256i mv[8])
 {
     const __m256 t = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(reduce8(sv)));
     if (type == T_Q6_K)
         return t;
     return _mm256_sub_ps(t, _mm256_mul_ps(_mm256_mul_ps(dmin, dx),
-                                          _mm256_cvtepi32_ps(reduce8x4(mv))));
+                                          _mm256_cvtepi32_ps(reduce8(mv))));
 }
 
 #if defined(GK_VNNI)
@@ -930,7 +930,7 @@ INLINE __m256 super_terms8(const int type, __m256 d, __m256 dmin, __m256 dx, con
  * 2048 from memory 367 -> 342 us. More rows keep super_lanes_avx2, whose spread scales
  * serve every row. */
 INLINE void super_lanes_vnni(const __m256i q[8], __m256i mins, const int8_t *xq,
-                             const int16_t *xs, __m256i *s_out, __m128i *m_out)
+                             const int16_t *xs, __m256i *s_out, __m256i *m_out)
 {
     const __m256i zero = _mm256_setzero_si256();
     const __m256i e = _mm256_permute4x64_epi64(mins, 0x44); /* the scales in both halves */
@@ -942,10 +942,7 @@ INLINE void super_lanes_vnni(const __m256i q[8], __m256i mins, const int8_t *xq,
         t[p] = DPWSSD(zero, _mm256_packs_epi32(a, b), _mm256_shuffle_epi8(e, spread[p]));
     }
     *s_out = _mm256_add_epi32(_mm256_add_epi32(t[0], t[1]), _mm256_add_epi32(t[2], t[3]));
-    const __m256i sums = mm_load(xs);
-    const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(sums),
-                                         _mm256_extracti128_si256(sums, 1));
-    *m_out = _mm_madd_epi16(_mm256_extracti128_si256(mins, 1), pairs);
+    *m_out = min_lanes(mins, xs);
 }
 #endif
 
@@ -963,12 +960,12 @@ INLINE void super_row1_avx2(const int type, const uint8_t *w, int64_t k, const u
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
         const int64_t count = nb - b0 < 8 ? nb - b0 : 8;
         __m256i sv[8];
-        __m128i mv[8];
+        __m256i mv[8];
         float d[8] = {0}, dmin[8] = {0}, dx[8] = {0}, term[8];
         for (int64_t i = 0; i < 8; i++) {
             if (i >= count) {
                 sv[i] = _mm256_setzero_si256();
-                mv[i] = _mm_setzero_si128();
+                mv[i] = _mm256_setzero_si256();
                 continue;
             }
             const int64_t b = b0 + i;
@@ -1011,12 +1008,12 @@ INLINE void super_rows_avx2_(const int type, const uint8_t *w, int64_t k, const 
         float d, dmin;
         super_decode_avx2(type, blk, q, scv, &mins, &d, &dmin);
         __m256i sv[8];
-        __m128i mv[8];
+        __m256i mv[8];
         float dx[8] = {0};
         for (int64_t r = 0; r < 8; r++) {
             if (r >= R) {
                 sv[r] = _mm256_setzero_si256();
-                mv[r] = _mm_setzero_si128();
+                mv[r] = _mm256_setzero_si256();
                 continue;
             }
             const act_view xv = act_at(x + r * xstride, k, F_SUPER);
