@@ -39,9 +39,9 @@
  * value for value.
  *
  * Paths, chosen when the library is built (-march=native): AVX2 with F16C (vectors of 256
- * bits, also on AVX-512 CPUs; the 32-value types' integer dots by dpbusd where AVX-512 VNNI
- * or AVX-VNNI is there, and there the products of many rows by tiles of 16 weight rows, see
- * super_tile_avx2 and small_tile_avx2), NEON on
+ * bits, also on AVX-512 CPUs; the products of many rows of the K types by tiles of 16 weight
+ * rows, see super_tile_avx2; the 32-value types' integer dots by dpbusd where AVX-512 VNNI
+ * or AVX-VNNI is there, and there their tiles too, see small_tile_avx2), NEON on
  * aarch64 (sdot where the dotprod extension is there), and portable C everywhere else.
  * The same source builds on every path; gguf_kernels_test.c checks each against the
  * portable reference.
@@ -1029,15 +1029,20 @@ INLINE void super_rows_avx2_(const int type, const uint8_t *w, int64_t k, const 
         y[r * ystride] = lane[r];
 }
 
-#if defined(GK_VNNI)
 /* ---- K types as tiles: 16 weight rows by many activation rows ---------------------------
- * Where dpbusd is there, a product of many rows takes 16 weight rows at once, 8 to a
- * register, one in each 32-bit lane: a block's codes are decoded once into quads (4 values
- * of each row: the rows' 32-bit words transposed), and an activation row then costs one
- * broadcast of 4 input codes and two dpbusd per 4 values of the 16 rows; each group's sum is
- * scaled once for 8 rows (mullo). The per-row loop above spends a maddubs and a madd on
- * every 32 values of each row. Integers are exact, and each lane's float terms are
- * super_term's operations added in block order, so a tile gives the reference's bits. */
+ * A product of many rows takes 16 weight rows at once, 8 to a register, one in each 32-bit
+ * lane: a block's codes are decoded once into quads (4 values of each row: the rows' 32-bit
+ * words transposed), and an activation row then costs one broadcast of 4 input codes and
+ * two dpbusd per 4 values of the 16 rows; each group's sum is scaled once for 8 rows
+ * (mullo). Without dpbusd (AVX2 alone) two maddubs take their place, their 16-bit pairs
+ * added for as many quads as int16 holds, then one madd by the group's scale in both halves
+ * of each lane. The per-row loop above spends a maddubs and a madd on every 32 values of
+ * each row, and a reduction across lanes. Integers are exact, and each lane's float terms
+ * are super_term's operations added in block order, so a tile gives the reference's bits. */
+#if !defined(GK_VNNI)
+/* dpwssd's integers (no saturation) where the CPU lacks it. */
+#define DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+#endif
 
 #define TILE_OUT 16  /* weight rows a tile takes: two registers of 8 lanes */
 #define TILE_ROWS 64 /* activation rows a pass over a chunk's tiles takes */
@@ -1122,6 +1127,24 @@ INLINE __m256 halves8(const uint8_t *const blk[8], int at)
         (short)rd16(blk[6] + at), (short)rd16(blk[7] + at)));
 }
 
+/* The scales of two groups from their int16 pair t (lane i = row i's; signed: Q6_K's), as
+ * tile_rows takes them: with dpbusd each as an int32 (mullo), else in both halves of the
+ * lane (madd). */
+INLINE void tile_scales(__m256i t, const int is_signed, __m256i out[2])
+{
+    const __m256i low16 = _mm256_set1_epi32(0xffff);
+#if defined(GK_VNNI)
+    out[0] = is_signed ? _mm256_srai_epi32(_mm256_slli_epi32(t, 16), 16)
+                       : _mm256_and_si256(t, low16);
+    out[1] = is_signed ? _mm256_srai_epi32(t, 16) : _mm256_srli_epi32(t, 16);
+#else
+    (void)is_signed; /* the bits of each int16 are what madd reads */
+    const __m256i a = _mm256_and_si256(t, low16), b = _mm256_srli_epi32(t, 16);
+    out[0] = _mm256_or_si256(a, _mm256_slli_epi32(a, 16));
+    out[1] = _mm256_or_si256(b, _mm256_slli_epi32(b, 16));
+#endif
+}
+
 /* Block b of the 8 weight rows at w (rb bytes apart) into half h of tb. */
 INLINE void tile_decode8(const int type, const uint8_t *w, int64_t rb, int64_t b, int h,
                          tile_block *tb)
@@ -1130,7 +1153,6 @@ INLINE void tile_decode8(const int type, const uint8_t *w, int64_t rb, int64_t b
     const uint8_t *blk[8];
     for (int i = 0; i < 8; i++)
         blk[i] = w + i * rb + b * bytes;
-    const __m256i low16 = _mm256_set1_epi32(0xffff);
     __m256i *q = tb->q[h], *sc = tb->sc[h], *mins = tb->mins[h];
     __m256i v[8], t[8];
     if (type == T_Q6_K) {
@@ -1141,8 +1163,7 @@ INLINE void tile_decode8(const int type, const uint8_t *w, int64_t rb, int64_t b
         transpose8(v, t);
         for (int p = 0; p < 8; p++) {
             mins[p] = t[p];
-            sc[2 * p] = _mm256_srai_epi32(_mm256_slli_epi32(t[p], 16), 16);
-            sc[2 * p + 1] = _mm256_srai_epi32(t[p], 16);
+            tile_scales(t[p], 1, sc + 2 * p);
         }
         for (int half = 0; half < 2; half++) {
             __m256i l0[8], l1[8], hb[8];
@@ -1164,8 +1185,7 @@ INLINE void tile_decode8(const int type, const uint8_t *w, int64_t rb, int64_t b
         v[i] = scales_mins_k4(blk[i] + 4);
     transpose8(v, t);
     for (int p = 0; p < 4; p++) {
-        sc[2 * p] = _mm256_and_si256(t[p], low16);
-        sc[2 * p + 1] = _mm256_srli_epi32(t[p], 16);
+        tile_scales(t[p], 0, sc + 2 * p);
         mins[p] = t[4 + p];
     }
     const int five = type == T_Q5_K;
@@ -1204,24 +1224,44 @@ INLINE void tile_rows(const int type, const tile_block *tb, const uint8_t *x, in
     __m256i S[2][TILE_GROUP];
     for (int r = 0; r < NR; r++)
         S[0][r] = S[1][r] = _mm256_setzero_si256();
+#if defined(GK_VNNI)
+    const int run = quads;
+#else
+    /* Quads whose maddubs pairs int16 holds added: codes up to 15, 31, 63 times inputs up to
+     * 127 make pairs up to 3810, 7874, 16002. */
+    const int run = type == T_Q4_K ? 8 : type == T_Q5_K ? 4 : 2;
+#endif
 #pragma GCC unroll 16
     for (int g = 0; g < groups; g++) {
-        __m256i A[2][TILE_GROUP];
-        for (int r = 0; r < NR; r++)
-            A[0][r] = A[1][r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int u = g * quads; u < (g + 1) * quads; u++) {
-            const __m256i q0 = tb->q[0][u], q1 = tb->q[1][u];
 #pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                const __m256i xb = _mm256_set1_epi32((int)rd32(xq[r] + 4 * u));
-                A[0][r] = DPBUSD(A[0][r], q0, xb);
-                A[1][r] = DPBUSD(A[1][r], q1, xb);
-            }
-        }
-        for (int h = 0; h < 2; h++)
+        for (int u0 = g * quads; u0 < (g + 1) * quads; u0 += run) {
+            __m256i A[2][TILE_GROUP];
             for (int r = 0; r < NR; r++)
-                S[h][r] = _mm256_add_epi32(S[h][r], _mm256_mullo_epi32(A[h][r], tb->sc[h][g]));
+                A[0][r] = A[1][r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int u = u0; u < u0 + run; u++) {
+                const __m256i q0 = tb->q[0][u], q1 = tb->q[1][u];
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    const __m256i xb = _mm256_set1_epi32((int)rd32(xq[r] + 4 * u));
+#if defined(GK_VNNI)
+                    A[0][r] = DPBUSD(A[0][r], q0, xb);
+                    A[1][r] = DPBUSD(A[1][r], q1, xb);
+#else
+                    A[0][r] = _mm256_add_epi16(A[0][r], _mm256_maddubs_epi16(q0, xb));
+                    A[1][r] = _mm256_add_epi16(A[1][r], _mm256_maddubs_epi16(q1, xb));
+#endif
+                }
+            }
+            for (int h = 0; h < 2; h++)
+                for (int r = 0; r < NR; r++)
+#if defined(GK_VNNI)
+                    S[h][r] = _mm256_add_epi32(S[h][r],
+                                               _mm256_mullo_epi32(A[h][r], tb->sc[h][g]));
+#else
+                    S[h][r] = DPWSSD(S[h][r], A[h][r], tb->sc[h][g]);
+#endif
+        }
     }
     for (int r = 0; r < NR; r++) {
         const __m256 dxv = _mm256_set1_ps(dx[r]);
@@ -1270,6 +1310,7 @@ INLINE void super_tile_avx2(const int type, const uint8_t *w, int64_t rb, int64_
     }
 }
 
+#if defined(GK_VNNI)
 /* ---- 32-value types as tiles ------------------------------------------------------------
  * The same layout for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: a block of 16 weight rows decoded
  * once into 8 quads a half (row i's 32-bit word u in lane i), then per activation row 8
@@ -1415,11 +1456,24 @@ INLINE void small_tile_avx2(const int type, const uint8_t *w, int64_t rb, int64_
  * rows 3,870 against 3,040 us; Q4_0 4 rows 460 against 491 us, 8 rows 828 against 723 us,
  * 32 rows 3,300 against 2,100 us, 128 rows 13,200 against 8,300 us (Q5_0 even at 8 rows:
  * 996, 993 us); Q8_0 32 rows 3,570 against 2,330 us. */
+#endif /* GK_VNNI */
+
+/* Without dpbusd (Zen 3, one thread, 256 x 2048 in cache, per-row against tiles): Q4_K 9
+ * rows 104.6 against 115.2 us, 10 rows 132.4 against 101.3, 32 rows 336.6 against 251.6;
+ * Q5_K 10 rows 134.2 against 113.1, 64 rows 668.0 against 473.3; Q6_K, whose pairs int16
+ * holds for only 2 quads, 16 rows 167.1 against 171.8, 24 rows 250.2 against 236.9, 32 rows
+ * 331.7 against 301.5. The 32-value types have no tile there. */
 static int64_t tile_min_rows(int type)
 {
+#if defined(GK_VNNI)
     if (info(type).family == F_SMALL)
         return RT;
     return type == T_Q6_K ? RT + 2 : RT + 1;
+#else
+    if (info(type).family == F_SMALL)
+        return INT64_MAX;
+    return type == T_Q6_K ? 24 : RT + 2;
+#endif
 }
 
 /* Q4_K, Q5_K and Q6_K through super_tile_avx2. */
@@ -1434,6 +1488,7 @@ static void super_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const 
         super_tile_avx2(T_Q6_K, w, rb, k, x, xstride, R, y, ystride);
 }
 
+#if defined(GK_VNNI)
 /* The 32-value types through small_tile_avx2. */
 static void small_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const uint8_t *x,
                        int64_t xstride, int64_t R, float *y, int64_t ystride)
@@ -1453,19 +1508,21 @@ static void small_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const 
         return;
     }
 }
+#endif /* GK_VNNI */
 
-/* Tiles for every quantized type (each family's code compiled apart: sharing one function
- * made the compiler lay out Q4_K's tile 20% slower). */
+/* Tiles for the quantized types (each family's code compiled apart: sharing one function
+ * made the compiler lay out Q4_K's tile 20% slower); the 32-value types' only with dpbusd. */
 static void quant_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const uint8_t *x,
                        int64_t xstride, int64_t R, float *y, int64_t ystride)
 {
     if (info(type).family == F_SUPER)
         super_tile(type, w, rb, k, x, xstride, R, y, ystride);
+#if defined(GK_VNNI)
     else
         small_tile(type, w, rb, k, x, xstride, R, y, ystride);
+#endif
 }
 #define QUANT_TILE quant_tile
-#endif /* GK_VNNI */
 
 /* 32 float weights from w (type F32, F16 or BF16) at value i in 4 registers. */
 INLINE void float_weights_avx2(const int type, const uint8_t *w, int64_t i, __m256 v[4])
