@@ -13,7 +13,12 @@ from transformers.integrations.ggml import _gguf_parse_value
 from transformers.integrations.gguf import reader as transformers_reader
 
 from paged_llm.engine.config import DEFAULT_MODEL
-from paged_llm.engine.gguf_metadata import MetadataReader, Unreadable
+from paged_llm.engine.gguf_metadata import (
+    MetadataReader,
+    ParsedArray,
+    Unreadable,
+    passing_parsed,
+)
 from paged_llm.engine.gguf_model import _metadata_parsed_once
 from paged_llm.engine.loader import bundled_gguf_path
 
@@ -40,6 +45,7 @@ def every_kind(path: Path, endianess: gguf.GGUFEndian = gguf.GGUFEndian.LITTLE) 
     writer.add_array("t.bools", [True, False, True])
     writer.add_array("t.strings", ["a", "", "ünï", "<|im_start|>"])
     writer.add_array("t.none", [])
+    writer.add_array("t.one", [7])
     writer.add_tensor("token_embd.weight", np.ones((4, 32), dtype=np.float32))
     writer.add_tensor("output.weight", np.ones((4, 32), dtype=np.float16))
     writer.write_header_to_file()
@@ -101,7 +107,34 @@ def test_the_bundled_model_reads_as_gguf_reads_it_into_the_same_checkpoint() -> 
     assert_same_values(path, ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))
     alone = modeling_gguf_pytorch_utils.load_gguf_checkpoint(str(path))
     with _metadata_parsed_once():
+        first = modeling_gguf_pytorch_utils.load_gguf_checkpoint(str(path))
+        assert first == alone
+        # Each call gets its own copy: what one caller changes, the next does not see.
+        first["config"].clear()
+        first["tokenizer"]["tokens"][0] = "changed"
         assert modeling_gguf_pytorch_utils.load_gguf_checkpoint(str(path)) == alone
+
+
+def test_parsed_arrays_are_transformers_item_by_item_parse(tmp_path: Path) -> None:
+    """parsed(n): arrays of n items or more parse at once to what each item parses to."""
+    path = every_kind(tmp_path / "kinds.gguf")
+    ours = MetadataReader(path)
+    want = values(ours)
+    parse = passing_parsed(_gguf_parse_value)
+    for at_least in (1, 3, 4):
+        view = ours.parsed(at_least)
+        assert view.tensors == ours.tensors
+        for name, field in view.fields.items():
+            got = [parse(field.parts[i], field.types) for i in field.data]
+            whole = isinstance(field.parts[0], ParsedArray) if len(field.parts) else False
+            # One-item arrays keep their part: a list of one item would parse to its item.
+            assert whole == (field.types[0] == 9 and len(want[name][1]) >= max(at_least, 2))
+            if whole:
+                got = got[0]
+            else:
+                assert field is ours.fields[name]
+            assert got == want[name][1], name
+            assert [type(v) for v in got] == [type(v) for v in want[name][1]], name
 
 
 def test_what_it_cannot_read_goes_to_gguf_s_reader(tmp_path: Path) -> None:

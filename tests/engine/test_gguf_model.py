@@ -290,5 +290,6 @@ def test_a_first_start_parses_the_metadata_once_into_transformers_own_config_and
     from transformers import modeling_gguf_pytorch_utils
 
     assert modeling_gguf_pytorch_utils.load_gguf_checkpoint.__name__ == "load_gguf_checkpoint"
+    assert modeling_gguf_pytorch_utils._gguf_parse_value.__name__ == "_gguf_parse_value"
     assert transformers_reader.read_gguf_metadata.__module__ == transformers_reader.__name__
     assert transformers_gguf.read_gguf_metadata is transformers_reader.read_gguf_metadata
