@@ -198,7 +198,9 @@ def _metadata_parsed_once() -> Iterator[None]:
     def parsed_fields(path: Any, *args: Any, **kwargs: Any) -> Any:
         """GGUFReader(path)'s fields from the one parse, long arrays parsed whole; else gguf's."""
         try:
-            return parse(path).parsed(_LONG_ARRAY)
+            fields = parse(path)
+            # Parsed whole only where the item parse that passes them on replaces its own.
+            return fields.parsed(_LONG_ARRAY) if parse_item is not None else fields
         except Unreadable:
             return reader(path, *args, **kwargs)
 

@@ -60,7 +60,7 @@
 #define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
 #define DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
 #if defined(__AVX512BW__)
-#define GK_ZMM 1 /* the K tiles' rows in 512-bit registers (super_tile_rows_zmm) */
+#define GK_ZMM 1 /* the tiles' rows in 512-bit registers (tile_rows_zmm, small_tile_rows_zmm) */
 #endif
 #elif defined(__AVXVNNI__)
 #define GK_VNNI 1
