@@ -1387,14 +1387,16 @@ INLINE void super_tile_avx2(const int type, const uint8_t *w, int64_t rb, int64_
     }
 }
 
-#if defined(GK_VNNI)
 /* ---- 32-value types as tiles ------------------------------------------------------------
  * The same layout for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: a block of 16 weight rows decoded
  * once into 8 quads a half (row i's 32-bit word u in lane i), then per activation row 8
  * broadcasts and 16 dpbusd, against the per-row loop's maddubs or dpbusd, three hadd and a
- * float combination per 8 blocks of every output. Each block's term is small_term's float
- * operations for the 8 rows of a half at once, added to its lane (b % 8) of the row's
- * outputs, and the lanes' pairwise sum closes them: the reference's bits. */
+ * float combination per 8 blocks of every output. Without dpbusd (AVX2 alone) each dpbusd
+ * is a maddubs whose int16 pairs are added over the block's quads (or half of them), then
+ * one madd by ones; Q8_0, whose codes as unsigned bytes times 127 would overflow maddubs's
+ * pairs, keeps the per-row loop there. Each block's term is small_term's float operations
+ * for the 8 rows of a half at once, added to its lane (b % 8) of the row's outputs, and the
+ * lanes' pairwise sum closes them: the reference's bits. */
 
 /* One 32-value block of 16 weight rows, decoded: q[u][h] quad u (values 4u..4u+3) of rows
  * 8h..8h+7 as unsigned codes, one row in each lane; dw, mw the rows' scales and mins. The
@@ -1458,16 +1460,43 @@ INLINE void small_tile_rows(const int type, const small_tile_block *tb, const ui
         xq[r] = act_at(x + r * xstride, k, F_SMALL).q + at;
         A[0][r] = A[1][r] = _mm256_setzero_si256();
     }
+#if defined(GK_VNNI)
+    const int run = 8;
+#else
+    /* Quads whose maddubs pairs int16 holds added: 4-bit codes up to 15 times inputs up to
+     * 127 make pairs up to 3810 (8 quads: 30480), 5-bit codes up to 7874 (4 quads). */
+    const int run = type == T_Q5_0 || type == T_Q5_1 ? 4 : 8;
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
+#pragma GCC unroll 2
+    for (int u0 = 0; u0 < 8; u0 += run) {
+#if !defined(GK_VNNI)
+        __m256i P[2][TILE_GROUP];
+        for (int r = 0; r < NR; r++)
+            P[0][r] = P[1][r] = _mm256_setzero_si256();
+#endif
+        /* quad u: values 4u..4u+3, where code_at puts them */
 #pragma GCC unroll 8
-    for (int u = 0; u < 8; u++) { /* quad u: values 4u..4u+3, where code_at puts them */
-        const __m256i q0 = tb->q[u][0], q1 = tb->q[u][1];
-        const int64_t off = u < 4 ? 4 * u : 32 + 4 * (u - 4);
+        for (int u = u0; u < u0 + run; u++) {
+            const __m256i q0 = tb->q[u][0], q1 = tb->q[u][1];
+            const int64_t off = u < 4 ? 4 * u : 32 + 4 * (u - 4);
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            const __m256i xb = _mm256_set1_epi32((int)rd32((const uint8_t *)xq[r] + off));
-            A[0][r] = DPBUSD(A[0][r], q0, xb);
-            A[1][r] = DPBUSD(A[1][r], q1, xb);
+            for (int r = 0; r < NR; r++) {
+                const __m256i xb = _mm256_set1_epi32((int)rd32((const uint8_t *)xq[r] + off));
+#if defined(GK_VNNI)
+                A[0][r] = DPBUSD(A[0][r], q0, xb);
+                A[1][r] = DPBUSD(A[1][r], q1, xb);
+#else
+                P[0][r] = _mm256_add_epi16(P[0][r], _mm256_maddubs_epi16(q0, xb));
+                P[1][r] = _mm256_add_epi16(P[1][r], _mm256_maddubs_epi16(q1, xb));
+#endif
+            }
         }
+#if !defined(GK_VNNI)
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < NR; r++)
+                A[h][r] = DPWSSD(A[h][r], P[h][r], ones);
+#endif
     }
     for (int r = 0; r < NR; r++) {
         const act_view xv = act_at(x + r * xstride, k, F_SMALL);
@@ -1585,13 +1614,16 @@ INLINE void small_tile_avx2(const int type, const uint8_t *w, int64_t rb, int64_
  * rows 3,870 against 3,040 us; Q4_0 4 rows 460 against 491 us, 8 rows 828 against 723 us,
  * 32 rows 3,300 against 2,100 us, 128 rows 13,200 against 8,300 us (Q5_0 even at 8 rows:
  * 996, 993 us); Q8_0 32 rows 3,570 against 2,330 us. */
-#endif /* GK_VNNI */
 
 /* Without dpbusd (Zen 3, one thread, 256 x 2048 in cache, per-row against tiles): Q4_K 9
  * rows 104.6 against 115.2 us, 10 rows 132.4 against 101.3, 32 rows 336.6 against 251.6;
  * Q5_K 10 rows 134.2 against 113.1, 64 rows 668.0 against 473.3; Q6_K, whose pairs int16
  * holds for only 2 quads, 16 rows 167.1 against 171.8, 24 rows 250.2 against 236.9, 32 rows
- * 331.7 against 301.5. The 32-value types have no tile there. */
+ * 331.7 against 301.5. The 32-value types' tiles (built for x86-64-v3 on a Xeon, one thread,
+ * 8192 x 2048 from memory, per-row against tiles): Q4_0 8 rows 3,034-3,268 against
+ * 2,625-2,643 us, 32 rows 10,336-15,239 against 8,112-8,409, 128 rows 42,795-56,915 against
+ * 33,910-34,261; Q5_0 8 rows 3,338-3,499 against 3,309-3,342, 32 rows 13,712-14,063 against
+ * 8,316-8,531. */
 static int64_t tile_min_rows(int type)
 {
 #if defined(GK_VNNI)
@@ -1600,7 +1632,7 @@ static int64_t tile_min_rows(int type)
     return type == T_Q6_K ? RT + 2 : RT + 1;
 #else
     if (info(type).family == F_SMALL)
-        return INT64_MAX;
+        return type == T_Q8_0 ? INT64_MAX : RT;
     return type == T_Q6_K ? 24 : RT + 2;
 #endif
 }
@@ -1617,8 +1649,7 @@ static void super_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const 
         super_tile_avx2(T_Q6_K, w, rb, k, x, xstride, R, y, ystride);
 }
 
-#if defined(GK_VNNI)
-/* The 32-value types through small_tile_avx2. */
+/* The 32-value types through small_tile_avx2 (Q8_0 only with dpbusd). */
 static void small_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const uint8_t *x,
                        int64_t xstride, int64_t R, float *y, int64_t ystride)
 {
@@ -1631,25 +1662,24 @@ static void small_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const 
         CASE(T_Q4_1)
         CASE(T_Q5_0)
         CASE(T_Q5_1)
+#if defined(GK_VNNI)
         CASE(T_Q8_0)
+#endif
 #undef CASE
     default:
         return;
     }
 }
-#endif /* GK_VNNI */
 
 /* Tiles for the quantized types (each family's code compiled apart: sharing one function
- * made the compiler lay out Q4_K's tile 20% slower); the 32-value types' only with dpbusd. */
+ * made the compiler lay out Q4_K's tile 20% slower). */
 static void quant_tile(int type, const uint8_t *w, int64_t rb, int64_t k, const uint8_t *x,
                        int64_t xstride, int64_t R, float *y, int64_t ystride)
 {
     if (info(type).family == F_SUPER)
         super_tile(type, w, rb, k, x, xstride, R, y, ystride);
-#if defined(GK_VNNI)
     else
         small_tile(type, w, rb, k, x, xstride, R, y, ystride);
-#endif
 }
 #define QUANT_TILE quant_tile
 
