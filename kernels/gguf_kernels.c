@@ -1048,6 +1048,20 @@ INLINE void super_rows_avx2_(const int type, const uint8_t *w, int64_t k, const 
 #define DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
 
+/* One quad of a tile's 16 weight rows (q0, q1: its two halves) times a broadcast input word
+ * xb, added to a0, a1: with dpbusd as 32-bit sums, else as maddubs's 16-bit pairs (how many
+ * quads int16 holds is the caller's run). */
+INLINE void add_quad(__m256i *a0, __m256i *a1, __m256i q0, __m256i q1, __m256i xb)
+{
+#if defined(GK_VNNI)
+    *a0 = DPBUSD(*a0, q0, xb);
+    *a1 = DPBUSD(*a1, q1, xb);
+#else
+    *a0 = _mm256_add_epi16(*a0, _mm256_maddubs_epi16(q0, xb));
+    *a1 = _mm256_add_epi16(*a1, _mm256_maddubs_epi16(q1, xb));
+#endif
+}
+
 #define TILE_OUT 16  /* weight rows a tile takes: two registers of 8 lanes */
 #define TILE_ROWS 64 /* activation rows a pass over a chunk's tiles takes */
 #define TILE_GROUP_ZMM 8 /* (tile_rows_zmm: two 512-bit registers a row) */
@@ -1255,16 +1269,9 @@ INLINE void tile_rows(const int type, const tile_block *tb, const uint8_t *x, in
             for (int u = u0; u < u0 + run; u++) {
                 const __m256i q0 = tb->q[u][0], q1 = tb->q[u][1];
 #pragma GCC unroll 4
-                for (int r = 0; r < NR; r++) {
-                    const __m256i xb = _mm256_set1_epi32((int)rd32(xq[r] + 4 * u));
-#if defined(GK_VNNI)
-                    A[0][r] = DPBUSD(A[0][r], q0, xb);
-                    A[1][r] = DPBUSD(A[1][r], q1, xb);
-#else
-                    A[0][r] = _mm256_add_epi16(A[0][r], _mm256_maddubs_epi16(q0, xb));
-                    A[1][r] = _mm256_add_epi16(A[1][r], _mm256_maddubs_epi16(q1, xb));
-#endif
-                }
+                for (int r = 0; r < NR; r++)
+                    add_quad(&A[0][r], &A[1][r], q0, q1,
+                             _mm256_set1_epi32((int)rd32(xq[r] + 4 * u)));
             }
             for (int h = 0; h < 2; h++)
                 for (int r = 0; r < NR; r++)
@@ -1454,11 +1461,11 @@ INLINE void small_tile_rows(const int type, const small_tile_block *tb, const ui
 {
     const int min = type == T_Q4_1 || type == T_Q5_1, offset = small_offset(type);
     const int64_t at = code_at(b, 0), slot = slot_at(b);
-    __m256i A[2][TILE_GROUP];
+    __m256i S[2][TILE_GROUP];
     const int8_t *xq[TILE_GROUP];
     for (int r = 0; r < NR; r++) {
         xq[r] = act_at(x + r * xstride, k, F_SMALL).q + at;
-        A[0][r] = A[1][r] = _mm256_setzero_si256();
+        S[0][r] = S[1][r] = _mm256_setzero_si256();
     }
 #if defined(GK_VNNI)
     const int run = 8;
@@ -1470,32 +1477,25 @@ INLINE void small_tile_rows(const int type, const small_tile_block *tb, const ui
 #endif
 #pragma GCC unroll 2
     for (int u0 = 0; u0 < 8; u0 += run) {
-#if !defined(GK_VNNI)
-        __m256i P[2][TILE_GROUP];
+        __m256i A[2][TILE_GROUP];
         for (int r = 0; r < NR; r++)
-            P[0][r] = P[1][r] = _mm256_setzero_si256();
-#endif
+            A[0][r] = A[1][r] = _mm256_setzero_si256();
         /* quad u: values 4u..4u+3, where code_at puts them */
 #pragma GCC unroll 8
         for (int u = u0; u < u0 + run; u++) {
             const __m256i q0 = tb->q[u][0], q1 = tb->q[u][1];
             const int64_t off = u < 4 ? 4 * u : 32 + 4 * (u - 4);
 #pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                const __m256i xb = _mm256_set1_epi32((int)rd32((const uint8_t *)xq[r] + off));
-#if defined(GK_VNNI)
-                A[0][r] = DPBUSD(A[0][r], q0, xb);
-                A[1][r] = DPBUSD(A[1][r], q1, xb);
-#else
-                P[0][r] = _mm256_add_epi16(P[0][r], _mm256_maddubs_epi16(q0, xb));
-                P[1][r] = _mm256_add_epi16(P[1][r], _mm256_maddubs_epi16(q1, xb));
-#endif
-            }
+            for (int r = 0; r < NR; r++)
+                add_quad(&A[0][r], &A[1][r], q0, q1,
+                         _mm256_set1_epi32((int)rd32((const uint8_t *)xq[r] + off)));
         }
-#if !defined(GK_VNNI)
         for (int h = 0; h < 2; h++)
             for (int r = 0; r < NR; r++)
-                A[h][r] = DPWSSD(A[h][r], P[h][r], ones);
+#if defined(GK_VNNI)
+                S[h][r] = _mm256_add_epi32(S[h][r], A[h][r]);
+#else
+                S[h][r] = DPWSSD(S[h][r], A[h][r], ones);
 #endif
     }
     for (int r = 0; r < NR; r++) {
@@ -1505,7 +1505,7 @@ INLINE void small_tile_rows(const int type, const small_tile_block *tb, const ui
         const __m256i shift = _mm256_set1_epi32(offset * sum);
         for (int h = 0; h < 2; h++) {
             __m256 term = _mm256_mul_ps(_mm256_mul_ps(tb->dw[h], dx),
-                                        _mm256_cvtepi32_ps(_mm256_sub_epi32(A[h][r], shift)));
+                                        _mm256_cvtepi32_ps(_mm256_sub_epi32(S[h][r], shift)));
             if (min)
                 term = _mm256_add_ps(term, _mm256_mul_ps(_mm256_mul_ps(tb->mw[h], dx),
                                                          _mm256_set1_ps((float)sum)));
