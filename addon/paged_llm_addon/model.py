@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
-from paged_llm.protocol.defaults import DEFAULT_MODEL
+from paged_llm.protocol.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
 
 from .options import AddonError, human
 
@@ -44,8 +44,13 @@ def locate_model(text: str, models: Path) -> Model:
     text = text.strip()
     if text in ("", BUNDLED):
         text = DEFAULT_MODEL
-    if text.startswith(f"{BUNDLED}:"):
-        return Model(text, text.removeprefix(f"{BUNDLED}:"))
+    if text.startswith(BUNDLED_PREFIX):
+        name = text.removeprefix(BUNDLED_PREFIX)
+        try:
+            path = bundled_gguf(name)
+        except LookupError as err:
+            raise AddonError(str(err)) from None
+        return Model(text, name, path.stat().st_size)
     path = Path(text) if text.startswith("/") else models / text
     if text.startswith("/") or text.endswith(".gguf") or path.exists():
         return local_model(path, models)

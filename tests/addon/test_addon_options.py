@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from paged_llm.protocol.defaults import DEFAULT_MODEL
+from paged_llm.protocol.defaults import DEFAULT_MODEL, bundled_gguf
 from paged_llm_addon.command import Plan, api_key, build_plan
 from paged_llm_addon.model import locate_model
 from paged_llm_addon.options import (
@@ -120,9 +120,13 @@ def test_models_by_path_folder_or_hub_id(folders: Folders, tmp_path: Path) -> No
     assert locate_model("HuggingFaceTB/SmolLM2-360M-Instruct", folders.models).hub_id == (
         "HuggingFaceTB/SmolLM2-360M-Instruct"
     )
-    assert locate_model("bundled:SmolLM2-135M-Instruct", folders.models).name == (
-        "SmolLM2-135M-Instruct"
+    # The bundled file's size counts against the memory too (found without importing torch).
+    bundled = locate_model("bundled:SmolLM2-135M-Instruct", folders.models)
+    assert (bundled.name, bundled.size) == (
+        "SmolLM2-135M-Instruct",
+        bundled_gguf("SmolLM2-135M-Instruct").stat().st_size,
     )
+    assert bundled.size > 50 * 2**20
 
 
 def test_a_model_that_is_not_there_or_not_a_model_is_refused(folders: Folders) -> None:
@@ -137,6 +141,9 @@ def test_a_model_that_is_not_there_or_not_a_model_is_refused(folders: Folders) -
     (folders.models / "empty").mkdir()
     assert "has no config.json" in refusal({"model": "empty"}, folders)
     assert "is not 'bundled', a .gguf file" in refusal({"model": "what is this?"}, folders)
+    assert refusal({"model": "bundled:NoSuchModel"}, folders) == (
+        "unknown bundled model 'NoSuchModel'; known: bundled:SmolLM2-135M-Instruct"
+    )
 
 
 def test_a_kv_budget_larger_than_the_memory_is_refused(folders: Folders) -> None:
