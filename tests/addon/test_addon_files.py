@@ -84,7 +84,7 @@ def test_config_is_what_the_supervisor_and_its_linter_accept() -> None:
     assert set(CONFIG["arch"]) == {"amd64", "aarch64"}
     assert CONFIG["discovery"] == [SERVICE] == [manifest["domain"]]
     assert CONFIG["image"].startswith("ghcr.io/")
-    assert "{arch}" in CONFIG["image"]
+    assert "{arch}" not in CONFIG["image"]  # one multi-arch name (the builder's manifest)
     for key, default in DEFAULTS.items():
         assert CONFIG.get(key, object()) != default, f"{key}: the default, remove it"
     assert "watchdog" not in CONFIG  # obsolete: the program exits when the server fails
@@ -173,6 +173,14 @@ def test_ci_lints_builds_and_starts_the_image() -> None:
     assert any(u.startswith("home-assistant/builder/actions/build-image@") for u in uses)
     assert any("scripts/addon_smoke_test" in step.get("run", "") for step in steps)
     assert json.loads(flow["env"]["ARCHITECTURES"]) == sorted(CONFIG["arch"], reverse=True)
-    # The image name the builder makes is the one config.yaml pulls.
+    # On a version tag the manifest over the architectures' images is the image config.yaml
+    # pulls (the builder names those ghcr.io/OWNER/ARCH-NAME and the manifest OWNER/NAME).
     owner = CONFIG["image"].split("/")[1]
-    assert CONFIG["image"] == f"ghcr.io/{owner}/{{arch}}-{flow['env']['IMAGE_NAME']}"
+    assert CONFIG["image"] == f"ghcr.io/{owner}/{flow['env']['IMAGE_NAME']}"
+    manifest = flow["jobs"]["manifest"]
+    assert manifest["if"] == "startsWith(github.ref, 'refs/tags/v')"
+    assert set(manifest["needs"]) == {"init", "build"}
+    (publish,) = manifest["steps"]
+    assert publish["uses"].startswith("home-assistant/builder/actions/publish-multi-arch-manifest@")
+    assert publish["with"]["image-name"] == "${{ env.IMAGE_NAME }}"
+    assert publish["with"]["architectures"] == "${{ env.ARCHITECTURES }}"
