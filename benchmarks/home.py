@@ -68,7 +68,7 @@ def run_llama_cpp(workload: list[Any], rounds: int) -> dict[str, Any]:
     Built from the llama-cpp-python sdist on first use (benchmarks/llama_cpp.py); skipped with
     a line saying why when cmake or a C++ compiler is missing or the build fails.
     """
-    from paged_llm.engine.loader import bundled_gguf_path
+    from paged_llm.protocol.defaults import BUNDLED_PREFIX, bundled_gguf
 
     try:
         binary = build_server()
@@ -79,7 +79,7 @@ def run_llama_cpp(workload: list[Any], rounds: int) -> dict[str, Any]:
         reason = skip_reason() or "llama.cpp skipped: llama-server was not built"
         print(f"bench: {reason}", flush=True)
         return {"skipped": reason}
-    gguf = bundled_gguf_path(DEFAULT_MODEL.removeprefix("bundled:"))
+    gguf = bundled_gguf(DEFAULT_MODEL.removeprefix(BUNDLED_PREFIX))
     mix = run_workload(binary, gguf, workload)
     slot = mix["kv_tokens"] // mix["slots"]
     name = f"llama.cpp llama-server (-t 2, same GGUF, {mix['slots']} slots of {slot} tokens)"

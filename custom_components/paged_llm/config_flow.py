@@ -53,7 +53,7 @@ from paged_llm.client import (
     ClientError,
     OpenAIClient,
 )
-from paged_llm.protocol.defaults import DEFAULT_MODEL
+from paged_llm.protocol.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
 from paged_llm.protocol.requirements import ENGINE_EXTRA
 
 from .addon import CONF_ADDON, addon_unique_id, discovered_data
@@ -300,8 +300,8 @@ def chosen_settings(entry: PagedLLMConfigEntry) -> dict[str, str]:
 
 def model_title(model: str) -> str:
     """A short name for the model: the bundled name, the folder or file name, or the id."""
-    if model.startswith("bundled:"):
-        return model.removeprefix("bundled:")
+    if model.startswith(BUNDLED_PREFIX):
+        return model.removeprefix(BUNDLED_PREFIX)
     if model.startswith("/"):
         path = Path(model)
         return path.stem if path.suffix == ".gguf" else path.name
