@@ -15,11 +15,13 @@ three times (seconds each on a small machine).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -143,14 +145,30 @@ def build(compiler: str, build_dir: Path, source: Path, name: str) -> Path:
             "-std=c11", str(source), "-lm"]  # fmt: skip
     tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
     # OpenMP shares torch's runtime (the same libgomp); without it one core does the work.
-    for extra in (["-fopenmp"], []):
-        done = subprocess.run(
-            [*base, *extra, "-o", str(tmp)], capture_output=True, text=True, timeout=120
-        )
-        if done.returncode == 0:
-            os.replace(tmp, path)
-            return path
-    raise subprocess.SubprocessError(done.stderr.strip()[-500:] or f"exit {done.returncode}")
+    # Only a compiler without OpenMP builds without it: trying the plain build after any
+    # failure once hid an OpenMP-only error in the code behind a one-thread library.
+    extra = ["-fopenmp"] if has_openmp(compiler) else []
+    done = subprocess.run(
+        [*base, *extra, "-o", str(tmp)], capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0:
+        raise subprocess.SubprocessError(done.stderr.strip()[-500:] or f"exit {done.returncode}")
+    os.replace(tmp, path)
+    return path
+
+
+@functools.cache
+def has_openmp(compiler: str) -> bool:
+    """Whether ``compiler`` builds a shared library with -fopenmp (a tiny one, once)."""
+    with tempfile.TemporaryDirectory(prefix="paged-llm-openmp-") as tmp:
+        source = Path(tmp) / "probe.c"
+        source.write_text("#include <omp.h>\nint threads(void) { return omp_get_max_threads(); }\n")
+        command = [compiler, "-fopenmp", "-shared", "-fPIC", str(source), "-o", f"{tmp}/probe.so"]
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return done.returncode == 0
 
 
 def sources(source: Path) -> list[bytes]:

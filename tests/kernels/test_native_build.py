@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,20 @@ def test_a_source_the_forward_does_not_include_builds_alone(
     )
     monkeypatch.setattr(native_build, "load", lambda *args: (None, f"built {args[1].name}"))
     assert native_build.load_part(tmp_path, other, "other") == (None, "built other.c")
+
+
+@pytest.mark.skipif(native_build.find_compiler() is None, reason="no C compiler")
+def test_code_that_fails_under_openmp_is_an_error_not_a_one_thread_build(tmp_path: Path) -> None:
+    """Only a compiler without OpenMP builds without it; an error in the code is reported."""
+    compiler = native_build.find_compiler()
+    assert compiler is not None
+    if not native_build.has_openmp(compiler):
+        pytest.skip(f"{compiler} has no OpenMP")
+    source = tmp_path / "broken.c"
+    # Valid C, but an OpenMP loop directive must be followed by the loop itself.
+    source.write_text(
+        "void f(int *x) {\n#pragma omp for\n    int n = 4;\n"
+        "    for (int i = 0; i < n; i++) x[i] = i;\n}\n"
+    )
+    with pytest.raises(subprocess.SubprocessError):
+        native_build.build(compiler, tmp_path / "build", source, "broken")
