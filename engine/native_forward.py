@@ -1,10 +1,11 @@
-"""The engine's own CPU forward for Llama-family models whose GGUF weights are read in place.
+"""The engine's own CPU forward for Llama- and Gemma-family models with GGUF weights in place.
 
 transformers' modules spend a Python call and a framework dispatch per operation, and at one
 decoding sequence that is a large share of a step (55% on the bundled 135M model). For the
-architectures whose layer is plain Llama (Llama/SmolLM2, Mistral, Qwen2, Qwen3) and whose
-matrices are GGUF in place, :class:`NativeForward` hands the whole step to
-kernels/cpu_forward.c: the same kernels, norms, rotary embedding and attention, in one call.
+architectures whose layer is plain Llama (Llama/SmolLM2, Mistral, Qwen2, Qwen3) or Gemma's
+(Gemma 2, Gemma 3 text) and whose matrices are GGUF in place, :class:`NativeForward` hands
+the whole step to kernels/cpu_forward.c: the same kernels, norms, rotary embedding and
+attention, in one call.
 transformers' model stays what it is: the exactness oracle in the tests, the rotary module
 that works out cos and sin (every rope scaling it knows), and the path for everything else.
 """
@@ -32,23 +33,37 @@ class NativeForward:
             raise ValueError(reason)
         decoder = model.model
         self._rotary = decoder.rotary_emb
-        self._static = getattr(self._rotary, "rope_type", None) in native_model.STATIC_ROPE
-        self._table: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Gemma 3's module takes a layer type: its full layers' table, then its sliding ones'.
+        kinds = list(native_model.rope_kinds(config))
+        self._types = (
+            sorted(kinds, key=lambda t: t != "full_attention") if None not in kinds else []
+        )
+        rope_types = getattr(self._rotary, "rope_type", None)
+        types = rope_types.values() if isinstance(rope_types, dict) else [rope_types]
+        self._static = all(t in native_model.STATIC_ROPE for t in types)
+        self._tables: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
         first = decoder.layers[0].self_attn
+        gemma = config.model_type in native_model.GEMMA
+        main = self._types[0] if self._types else None
         layers = [
-            _layer(layer, keys, values, config, i)
+            _layer(layer, keys, values, config, i, main)
             for i, (layer, (keys, values)) in enumerate(zip(decoder.layers, kv_caches, strict=True))
         ]
         self.decoder = cpu_forward.Decoder(
             _embedding(decoder.embed_tokens),
             layers,
-            decoder.norm.weight,
+            _norm(decoder.norm, config),
             _linear(model.lm_head),
             heads=int(config.num_attention_heads),
             kv_heads=int(config.num_key_value_heads),
             head_dim=int(first.head_dim),
-            eps=float(decoder.norm.variance_epsilon),
+            eps=float(_eps(decoder.norm)),
             scale=float(first.scaling),
+            activation="gelu_tanh" if gemma else "silu",
+            # transformers multiplies by the float32 value of sqrt(hidden)
+            embed_scale=float(torch.tensor(config.hidden_size**0.5)) if gemma else None,
+            softcap=getattr(config, "attn_logit_softcapping", None) if gemma else None,
+            final_softcap=getattr(config, "final_logit_softcapping", None) if gemma else None,
         )
 
     @staticmethod
@@ -82,24 +97,35 @@ class NativeForward:
         threads: int = 0,
     ) -> torch.Tensor:
         """Float32 logits of the kept rows of one packed step (see cpu_forward.Decoder)."""
-        cos, sin = self._cos_sin(positions)
-        return self.decoder.forward(ids, positions, seqs, slots, tables, cos, sin, keep, threads)
+        if not self._types:
+            cos, sin = self._cos_sin(positions, None)
+            return self.decoder.forward(
+                ids, positions, seqs, slots, tables, cos, sin, keep, threads
+            )
+        (cos, sin), *local = (self._cos_sin(positions, t) for t in self._types)
+        return self.decoder.forward(
+            ids, positions, seqs, slots, tables, cos, sin, keep, threads, *local
+        )
 
-    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cos_sin(
+        self, positions: torch.Tensor, layer_type: str | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary cos and sin ``[rows, head_dim]`` of each position, from the model's module.
 
         A static kind is looked up in a table the module filled (each position's values are
         the same products whatever else is in the call), grown as positions grow.
         """
+        by_type = () if layer_type is None else (layer_type,)
         if not self._static:
-            cos, sin = self._rotary(_PROBE, positions.unsqueeze(0))
+            cos, sin = self._rotary(_PROBE, positions.unsqueeze(0), *by_type)
             return cos[0], sin[0]
         need = int(positions.max()) + 1 if positions.numel() else 1
-        if self._table is None or self._table[0].shape[0] < need:
+        table = self._tables.get(layer_type)
+        if table is None or table[0].shape[0] < need:
             size = max(1024, 1 << (need - 1).bit_length())
-            cos, sin = self._rotary(_PROBE, torch.arange(size).unsqueeze(0))
-            self._table = (cos[0].contiguous(), sin[0].contiguous())
-        return self._table[0][positions], self._table[1][positions]
+            cos, sin = self._rotary(_PROBE, torch.arange(size).unsqueeze(0), *by_type)
+            table = self._tables[layer_type] = (cos[0].contiguous(), sin[0].contiguous())
+        return table[0][positions], table[1][positions]
 
 
 # What the rotary module reads of its input: the dtype and device of cos and sin.
@@ -147,20 +173,41 @@ def _embedding(module: Any) -> gguf_kernels.Matrix:
 
 
 def _layer(
-    layer: Any, keys: torch.Tensor, values: torch.Tensor, config: Any, index: int
+    layer: Any, keys: torch.Tensor, values: torch.Tensor, config: Any, index: int, main: str | None
 ) -> cpu_forward.Layer:
-    """One decoder layer's weights and pools."""
+    """One decoder layer's weights and pools.
+
+    ``main`` is the layer type of the step's first rotary table; the others take its second.
+    """
     attn = layer.self_attn
     q, k, v, o, gate, up, down = (_linear(m) for m in _projections(layer))
+    gemma = config.model_type in native_model.GEMMA
     return cpu_forward.Layer(
-        layer.input_layernorm.weight,
-        layer.post_attention_layernorm.weight,
+        _norm(layer.input_layernorm, config),
+        # Llama's norm before the MLP is post_attention_layernorm; Gemma's comes after it
+        _norm(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm, config),
         q, k, v, o, gate, up, down,
         keys, values,
         window=_window(attn, config, index),
-        q_norm=attn.q_norm.weight if hasattr(attn, "q_norm") else None,
-        k_norm=attn.k_norm.weight if hasattr(attn, "k_norm") else None,
+        q_norm=_norm(attn.q_norm, config) if hasattr(attn, "q_norm") else None,
+        k_norm=_norm(attn.k_norm, config) if hasattr(attn, "k_norm") else None,
+        post_attn_norm=_norm(layer.post_attention_layernorm, config) if gemma else None,
+        post_ffn_norm=_norm(layer.post_feedforward_layernorm, config) if gemma else None,
+        local_rope=main is not None and config.layer_types[index] != main,
     )  # fmt: skip
+
+
+def _norm(module: Any, config: Any) -> torch.Tensor:
+    """An RMS norm's weight as the C forward multiplies by it: Gemma's as 1 + w, in float32."""
+    weight: torch.Tensor = module.weight.detach()
+    if config.model_type in native_model.GEMMA:
+        return 1.0 + weight.float()  # what transformers' Gemma norm multiplies by
+    return weight
+
+
+def _eps(module: Any) -> float:
+    """An RMS norm's epsilon (Gemma's modules call it eps)."""
+    return float(getattr(module, "variance_epsilon", None) or module.eps)
 
 
 def _window(attn: Any, config: Any, index: int) -> int | None:

@@ -1,4 +1,4 @@
-"""A Llama-family GGUF model as the engine's C forward reads it, without transformers' classes.
+"""A Llama- or Gemma-family GGUF model as the C forward reads it, without transformers' classes.
 
 Importing a transformers model class imports its whole modeling stack (torch.compile's
 tracer, accelerate, distributed tensors): about 2 s of every start, more than the rest of
@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 # Model types whose decoder layer cpu_forward.c runs as transformers does.
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
+# Those with Gemma's layer: norms after attention and MLP too, GELU, a scaled embedding.
+GEMMA = ("gemma2", "gemma3_text")
 # Rotary kinds whose cos and sin at a position do not depend on the rest of the step, so a
 # table worked out once serves every step (dynamic NTK and LongRoPE change with the length).
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
@@ -29,12 +31,29 @@ def refusal(config: Any) -> str | None:
     model_type = getattr(config, "model_type", None)
     if model_type not in MODEL_TYPES:
         return f"model type {model_type!r} has no native forward"
-    if getattr(config, "hidden_act", None) != "silu":
-        return f"activation {config.hidden_act!r}"
-    rope = getattr(config, "rope_parameters", None) or {}
-    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
-        return "partial rotary embeddings"
+    act, want = activation(config)
+    if act != want:
+        return f"activation {act!r}"
+    for rope in rope_kinds(config).values():
+        if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+            return "partial rotary embeddings"
     return None
+
+
+def activation(config: Any) -> tuple[Any, str]:
+    """The config's MLP activation, and the one the C forward runs for its model type."""
+    if config.model_type in GEMMA:
+        return getattr(config, "hidden_activation", None), "gelu_pytorch_tanh"
+    return getattr(config, "hidden_act", None), "silu"
+
+
+def rope_kinds(config: Any) -> dict[str | None, dict[str, Any]]:
+    """The rotary parameters of each layer type (Gemma 3 has two), else of all (key None)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    types = getattr(config, "layer_types", None) or ()
+    if config.model_type == "gemma3_text" and all(isinstance(rope.get(t), dict) for t in types):
+        return {t: rope[t] for t in sorted(set(types))}
+    return {None: rope}
 
 
 def can_build(config: Any) -> bool:
@@ -43,8 +62,10 @@ def can_build(config: Any) -> bool:
     Where not, transformers' model runs it (the C forward too, with a length-dependent
     rotary module computing cos and sin every step).
     """
-    rope = getattr(config, "rope_parameters", None) or {}
-    return refusal(config) is None and rope.get("rope_type", "default") in STATIC_ROPE
+    kinds = rope_kinds(config).values()
+    return refusal(config) is None and all(
+        rope.get("rope_type", "default") in STATIC_ROPE for rope in kinds
+    )
 
 
 def head_dim(config: Any) -> int:
@@ -69,21 +90,27 @@ class Rotary(nn.Module):
 
     inv_freq: torch.Tensor
 
-    def __init__(self, config: Any) -> None:
-        """Inverse frequencies from the config's rope parameters (a static kind only)."""
+    def __init__(self, config: Any, layer_type: str | None = None) -> None:
+        """Inverse frequencies from the config's rope parameters (a static kind only).
+
+        ``layer_type`` picks the parameters of one layer type (Gemma 3's, see rope_kinds).
+        """
         super().__init__()
-        self.rope_type = config.rope_parameters["rope_type"]
+        rope = rope_kinds(config)[layer_type]
+        self.rope_type = rope["rope_type"]
         if self.rope_type not in STATIC_ROPE:
             raise ValueError(f"rope type {self.rope_type!r} changes with the length")
         if self.rope_type == "default":
-            base = config.rope_parameters["rope_theta"]
+            base = rope["rope_theta"]
             dim = head_dim(config)
             inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
             self.attention_scaling = 1.0
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[self.rope_type](config)
+            init = ROPE_INIT_FUNCTIONS[self.rope_type]
+            by_type = {} if layer_type is None else {"layer_type": layer_type}
+            inv_freq, self.attention_scaling = init(config, **by_type)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -95,6 +122,25 @@ class Rotary(nn.Module):
         return cos.to(x.dtype), sin.to(x.dtype)
 
 
+class RotaryByType(nn.Module):
+    """Gemma 3's rotary embeddings, one per layer type, called as transformers' module is."""
+
+    def __init__(self, config: Any) -> None:
+        """A Rotary for each layer type."""
+        super().__init__()
+        kinds = rope_kinds(config)
+        self.rope_type = {str(t): rope["rope_type"] for t, rope in kinds.items()}
+        self.by_type = nn.ModuleDict({t: Rotary(config, t) for t in self.rope_type})
+
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str
+    ) -> tuple[torch.Tensor, ...]:
+        """The cos and sin of the layers of ``layer_type``."""
+        rotary: Rotary = self.by_type[layer_type]  # type: ignore[assignment]
+        cos_sin: tuple[torch.Tensor, ...] = rotary(x, position_ids)
+        return cos_sin
+
+
 class Attention(nn.Module):
     """A layer's four projections, optional per-head norms and its attention settings."""
 
@@ -104,15 +150,18 @@ class Attention(nn.Module):
         kind = config.model_type
         self.head_dim = head_dim(config)
         self.scaling = self.head_dim**-0.5
+        if kind in GEMMA:
+            self.scaling = config.query_pre_attn_scalar**-0.5
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         hidden = config.hidden_size
-        bias = kind in ("llama", "qwen3") and bool(getattr(config, "attention_bias", False))
+        biased = ("llama", "qwen3", *GEMMA)
+        bias = kind in biased and bool(getattr(config, "attention_bias", False))
         qkv_bias = bias or kind == "qwen2"
         self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=bias)
-        if kind == "qwen3":
+        if kind in ("qwen3", "gemma3_text"):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.sliding_window = _window(config, index)
@@ -123,14 +172,14 @@ def _window(config: Any, index: int) -> int | None:
     window = getattr(config, "sliding_window", None)
     if config.model_type == "mistral":
         return window
-    if config.model_type in ("qwen2", "qwen3"):
+    if config.model_type in ("qwen2", "qwen3", *GEMMA):
         sliding = config.layer_types[index] == "sliding_attention"
         return window if sliding else None
     return None
 
 
 class MLP(nn.Module):
-    """A layer's gated SiLU MLP projections."""
+    """A layer's gated MLP projections (SiLU, or Gemma's GELU)."""
 
     def __init__(self, config: Any) -> None:
         """gate, up and down, biased where a Llama config asks for it."""
@@ -146,18 +195,21 @@ class DecoderLayer(nn.Module):
     """One decoder layer's weights."""
 
     def __init__(self, config: Any, index: int) -> None:
-        """Attention, MLP and the two norms."""
+        """Attention, MLP and the two norms (Gemma: four, around each)."""
         super().__init__()
         self.self_attn = Attention(config, index)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.model_type in GEMMA:
+            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class Decoder(nn.Module):
     """The embedding, the layers, the final norm and the rotary embedding."""
 
-    def __init__(self, config: Any, rotary: Rotary) -> None:
+    def __init__(self, config: Any, rotary: Rotary | RotaryByType) -> None:
         """Modules for ``config.num_hidden_layers`` layers."""
         super().__init__()
         shape = (config.vocab_size, config.hidden_size)
@@ -186,7 +238,7 @@ class NativeModel(nn.Module):
         # What transformers' model carries (eos ids, a repetition penalty), from the config.
         self.generation_config = GenerationConfig.from_model_config(config)
         with torch.device("cpu"):  # real inverse frequencies, even built under meta
-            rotary = Rotary(config)
+            rotary = RotaryByType(config) if None not in rope_kinds(config) else Rotary(config)
         self.model = Decoder(config, rotary)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 

@@ -18,6 +18,12 @@
  * goes through cpu_attention.c's spans, consecutive prompt rows through tiles that read
  * each key once for up to TILE_QUERIES queries. The last norm and the head run on the rows
  * that sample only.
+ *
+ * Gemma 2 and Gemma 3 (text) differ in their own places, each a field set only for them:
+ * the embedding scaled by sqrt(hidden), norms after the attention and after the MLP as
+ * well as before (their weights handed in as 1 + w, the product transformers' Gemma norm
+ * forms), GELU (tanh) for SiLU, Gemma 3's own rotary table on its sliding layers, and
+ * Gemma 2's soft-capped attention scores and logits.
  */
 #include "gguf_kernels.c"
 #include "cpu_attention.c"
@@ -33,11 +39,16 @@ typedef struct {
 
 typedef struct {
     const float *attn_norm, *ffn_norm;
-    const float *q_norm, *k_norm; /* [dim] each (Qwen3), or NULL */
+    const float *q_norm, *k_norm; /* [dim] each (Qwen3, Gemma 3), or NULL */
+    const float *post_attn_norm, *post_ffn_norm; /* [hidden] each (Gemma), or NULL */
     cf_matrix q, k, v, o, gate, up, down;
     void *k_cache, *v_cache; /* [blocks, block_size, kv_heads, dim] of kv_kind */
     int64_t window;          /* a sliding window's keys, 0 for full attention */
+    int64_t local_rope;      /* 1: the step's local cos and sin (Gemma 3's sliding layers) */
 } cf_layer;
+
+/* The MLP's activation of gate before it multiplies up. */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 
 typedef struct {
     const cf_layer *layer;
@@ -46,16 +57,20 @@ typedef struct {
     int64_t layers, hidden, heads, kv_heads, dim, inter;
     int64_t kv_kind, block_size, num_blocks;
     float eps, scale;
+    int64_t act;                 /* ACT_SILU or ACT_GELU_TANH */
+    float embed_scale;           /* the embedding's factor (Gemma), 0: none */
+    float softcap, final_softcap; /* Gemma 2's caps of scores and logits, 0: none */
 } cf_model;
 
 /* One packed step: rows query tokens, row r of sequence seq[r] at position pos[r], its K/V
- * going to pool slot slot[r]; tables [sequences, table_width]; cos and sin [rows, dim];
+ * going to pool slot slot[r]; tables [sequences, table_width]; cos and sin [rows, dim]
+ * (cos_local and sin_local too where a layer takes them, else NULL);
  * logits [kept, vocab] for the rows keep[0..kept-1]; threads to run it on (0, or more than
  * cf_max_threads: that many). */
 typedef struct {
     const int64_t *ids, *pos, *seq, *slot, *keep;
     const int32_t *tables;
-    const float *cos, *sin;
+    const float *cos, *sin, *cos_local, *sin_local;
     float *logits;
     int64_t rows, table_width, kept, threads;
 } cf_step;
@@ -205,9 +220,11 @@ static void rope_store_for(const cf_model *m, const cf_layer *L, const cf_step *
                            float *k, const float *v)
 {
     const int64_t dim = m->dim, qw = m->heads * dim, kw = m->kv_heads * dim;
+    const float *cos_all = L->local_rope ? s->cos_local : s->cos;
+    const float *sin_all = L->local_rope ? s->sin_local : s->sin;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < s->rows; r++) {
-        const float *cos = s->cos + r * dim, *sin = s->sin + r * dim;
+        const float *cos = cos_all + r * dim, *sin = sin_all + r * dim;
         for (int64_t h = 0; h < m->heads; h++) {
             float *x = q + r * qw + h * dim;
             if (L->q_norm)
@@ -251,7 +268,7 @@ static void attend_tile(const float *q, const void *kc, const void *vc, int64_t 
                         const int32_t *table, int64_t r0, int64_t n, int64_t pos0,
                         int64_t window, int64_t h, int64_t group, int64_t heads,
                         int64_t kv_heads, int64_t dim, int64_t block_size, float scale,
-                        float *out)
+                        float softcap, float *out)
 {
     const int64_t queries = n * group, token_stride = kv_heads * dim, parts = dim / 8;
     float top[TILE_QUERIES], sum[TILE_QUERIES];
@@ -308,6 +325,8 @@ static void attend_tile(const float *q, const void *kc, const void *vc, int64_t 
                     continue;
                 }
                 scores[t] *= scale;
+                if (softcap > 0.0f) /* as cpu_attention.c's spans */
+                    scores[t] = tanhf(scores[t] / softcap) * softcap;
                 block_top = scores[t] > block_top ? scores[t] : block_top;
             }
             if (block_top == -INFINITY)
@@ -436,6 +455,35 @@ static void plan_attention(const cf_model *m, const cf_layer *L, const cf_step *
     decode_spans(b->first, b->lens, b->singles, m->block_size, b->starts);
 }
 
+/* SiLU, or GELU's tanh form in the order of torch's CPU kernel (approximate="tanh"). */
+static inline float activated(int64_t act, float g)
+{
+    if (act == ACT_GELU_TANH) {
+        const float beta = 0.7978845608028654f, kappa = 0.044715f; /* sqrt(2 / pi) */
+        return 0.5f * g * (1.0f + tanhf(beta * (g + kappa * (g * g * g))));
+    }
+    return g / (1.0f + expf(-g));
+}
+
+/* The residual rows b->x plus a product's output: added as it comes, or (Gemma) normed by
+ * norm first, in b->h, which no later part of the layer reads before it is written again. */
+static void add_output(const cf_model *m, const cf_matrix *w, const float *in, cf_acts *a,
+                       int64_t rows, const float *norm, cf_buffers *b)
+{
+    if (!norm) {
+        linear_for(w, in, a, rows, NULL, b->tmp, b->x);
+        return;
+    }
+    linear_for(w, in, a, rows, b->h, b->tmp, NULL);
+    const int64_t n = m->hidden;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        rms_row(b->h + r * n, norm, b->h + r * n, n, m->eps);
+        for (int64_t i = r * n; i < (r + 1) * n; i++)
+            b->x[i] = b->x[i] + b->h[i];
+    }
+}
+
 /* One decoder layer on the step's residual rows b->x. */
 static void layer_for(const cf_model *m, const cf_layer *L, const cf_step *s, cf_buffers *b)
 {
@@ -450,7 +498,7 @@ static void layer_for(const cf_model *m, const cf_layer *L, const cf_step *s, cf
     plan_attention(m, L, s, b); /* the single's barrier: every thread sees the plan */
     decode_spans_for(b->q, L->k_cache, L->v_cache, m->kv_kind, s->tables, s->table_width,
                      s->seq, b->rows, b->first, b->lens, b->starts, b->singles, m->heads,
-                     m->kv_heads, m->dim, m->block_size, m->scale, 0.0f, b->partials);
+                     m->kv_heads, m->dim, m->block_size, m->scale, m->softcap, b->partials);
     decode_merge_for(b->partials, b->rows, b->starts, b->singles, m->heads, m->dim, b->att);
     const int64_t group = m->heads / m->kv_heads;
 #pragma omp for schedule(dynamic) collapse(2)
@@ -459,10 +507,10 @@ static void layer_for(const cf_model *m, const cf_layer *L, const cf_step *s, cf
             const int64_t r0 = b->tile_row[t];
             attend_tile(b->q, L->k_cache, L->v_cache, m->kv_kind, s->tables + s->seq[r0] * s->table_width,
                         r0, b->tile_len[t], s->pos[r0], L->window, h, group, m->heads,
-                        m->kv_heads, m->dim, m->block_size, m->scale, b->att);
+                        m->kv_heads, m->dim, m->block_size, m->scale, m->softcap, b->att);
         }
     cf_acts att = acts_at(b->acts_att, R, qw);
-    linear_for(&L->o, b->att, &att, R, NULL, b->tmp, b->x);
+    add_output(m, &L->o, b->att, &att, R, L->post_attn_norm, b);
     rms_for(b->x, L->ffn_norm, b->h, R, m->hidden, m->eps);
     cf_acts mlp = acts_at(b->acts_hidden, R, m->hidden);
     linear_for(&L->gate, b->h, &mlp, R, b->gate, b->tmp, NULL);
@@ -470,12 +518,10 @@ static void layer_for(const cf_model *m, const cf_layer *L, const cf_step *s, cf
     const int64_t inter = m->inter;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < R; r++)
-        for (int64_t i = r * inter; i < (r + 1) * inter; i++) {
-            const float g = b->gate[i];
-            b->gate[i] = g / (1.0f + expf(-g)) * b->up[i];
-        }
+        for (int64_t i = r * inter; i < (r + 1) * inter; i++)
+            b->gate[i] = activated(m->act, b->gate[i]) * b->up[i];
     cf_acts down = acts_at(b->acts_inter, R, inter);
-    linear_for(&L->down, b->gate, &down, R, NULL, b->tmp, b->x);
+    add_output(m, &L->down, b->gate, &down, R, L->post_ffn_norm, b);
 }
 
 /* The threads a step runs on by default: the OpenMP runtime's count for the calling thread
@@ -537,9 +583,13 @@ int cf_forward(const cf_model *m, const cf_step *s)
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < R; r++)
-            dequantize_row((int)m->embed.type, m->embed.w + s->ids[r] * rb, m->hidden,
-                           b.x + r * m->hidden);
+        for (int64_t r = 0; r < R; r++) {
+            float *x = b.x + r * m->hidden;
+            dequantize_row((int)m->embed.type, m->embed.w + s->ids[r] * rb, m->hidden, x);
+            if (m->embed_scale != 0.0f)
+                for (int64_t i = 0; i < m->hidden; i++)
+                    x[i] = x[i] * m->embed_scale;
+        }
         for (int64_t l = 0; l < m->layers; l++)
             layer_for(m, &m->layer[l], s, &b);
 #pragma omp for schedule(static)
@@ -548,6 +598,13 @@ int cf_forward(const cf_model *m, const cf_step *s)
                     m->eps);
         cf_acts last = acts_at(b.acts_hidden, kept, m->hidden);
         linear_for(&m->head, b.h, &last, kept, s->logits, b.tmp, NULL);
+        if (m->final_softcap > 0.0f) {
+            const int64_t vocab = m->head.n;
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < kept; j++)
+                for (int64_t i = j * vocab; i < (j + 1) * vocab; i++)
+                    s->logits[i] = tanhf(s->logits[i] / m->final_softcap) * m->final_softcap;
+        }
     }
     free(block);
     return 0;

@@ -1,4 +1,4 @@
-"""A Llama-family decoder's whole packed step on the CPU in one C call (cpu_forward.c).
+"""A Llama- or Gemma-family decoder's whole packed step on the CPU in one C call (cpu_forward.c).
 
 The caller describes the model once (:class:`Layer` and :class:`Decoder`: addresses of
 GGUF matrices, norm weights and KV pools, which must stay alive) and then calls
@@ -44,10 +44,13 @@ class _Layer(ctypes.Structure):
         ("ffn_norm", _PTR),
         ("q_norm", _PTR),
         ("k_norm", _PTR),
+        ("post_attn_norm", _PTR),
+        ("post_ffn_norm", _PTR),
         *((name, _Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")),
         ("k_cache", _PTR),
         ("v_cache", _PTR),
         ("window", _I64),
+        ("local_rope", _I64),
     ]
 
 
@@ -63,6 +66,8 @@ class _Model(ctypes.Structure):
         *((name, _I64) for name in ("kv_kind", "block_size", "num_blocks")),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
+        ("act", _I64),
+        *((name, ctypes.c_float) for name in ("embed_scale", "softcap", "final_softcap")),
     ]
 
 
@@ -71,7 +76,7 @@ class _Step(ctypes.Structure):
 
     _fields_ = [
         *((name, _PTR) for name in ("ids", "pos", "seq", "slot", "keep", "tables")),
-        *((name, _PTR) for name in ("cos", "sin", "logits")),
+        *((name, _PTR) for name in ("cos", "sin", "cos_local", "sin_local", "logits")),
         *((name, _I64) for name in ("rows", "table_width", "kept", "threads")),
     ]
 
@@ -103,6 +108,14 @@ class Layer:
     window: int | None = None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    # Gemma's norms of the attention's and the MLP's outputs (as 1 + w), before each adds.
+    post_attn_norm: torch.Tensor | None = None
+    post_ffn_norm: torch.Tensor | None = None
+    local_rope: bool = False  # the step's local cos and sin (Gemma 3's sliding layers)
+
+
+# The MLP activations cf_model takes (its ACT_ values).
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 
 def unavailable(build_dir: Path | None = None) -> str | None:
@@ -129,8 +142,17 @@ class Decoder:
         head_dim: int,
         eps: float,
         scale: float,
+        activation: str = "silu",
+        embed_scale: float | None = None,
+        softcap: float | None = None,
+        final_softcap: float | None = None,
     ) -> None:
-        """Check the shapes once and lay out the C structures."""
+        """Check the shapes once and lay out the C structures.
+
+        ``activation`` is a key of ACTIVATIONS; ``embed_scale`` multiplies the embedding's
+        rows (Gemma), ``softcap`` and ``final_softcap`` cap the attention scores and the
+        logits as ``tanh(x / cap) * cap`` (Gemma 2); None: not done.
+        """
         if not layers:
             raise ValueError("a decoder needs at least one layer")
         pool = layers[0].key_cache
@@ -139,6 +161,12 @@ class Decoder:
         if head_dim % 16 or head_dim > MAX_DIM or heads % kv_heads:
             raise ValueError(f"heads of {head_dim} values ({heads}/{kv_heads}) are not supported")
         hidden, inter = embed.k, layers[0].gate.matrix.n
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        for cap in (softcap, final_softcap):
+            if cap is not None and not cap > 0:
+                raise ValueError(f"a soft-cap must be above 0, got {cap}")
+        self.local_rope = any(layer.local_rope for layer in layers)
         self._keep: list[object] = [embed, layers, final_norm, head]
         structs = (_Layer * len(layers))()
         for i, layer in enumerate(layers):
@@ -151,7 +179,8 @@ class Decoder:
             self._floats(final_norm, hidden),
             len(layers), hidden, heads, kv_heads, head_dim, inter,
             KINDS[pool.dtype], pool.shape[1], pool.shape[0],
-            eps, scale,
+            eps, scale, ACTIVATIONS[activation],
+            embed_scale or 0.0, softcap or 0.0, final_softcap or 0.0,
         )  # fmt: skip
         self.vocab = head.matrix.n
 
@@ -166,6 +195,7 @@ class Decoder:
         sin: torch.Tensor,
         keep: torch.Tensor,
         threads: int = 0,
+        local: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Float32 logits ``[len(keep), vocab]`` of one packed step, on ``threads`` threads.
 
@@ -173,24 +203,30 @@ class Decoder:
         ``tables``) and KV slot (int64 each); ``cos``/``sin`` ``[rows, head_dim]`` float32
         from the model's rotary module; ``keep`` the rows whose logits are wanted;
         ``threads`` 0 (or above :func:`max_threads`) for that many; the logits are the same
-        bits on any count.
+        bits on any count; ``local`` the cos and sin of the layers with ``local_rope``.
         IndexError when an id is outside the vocabulary, a table or slot outside the pool
         or a kept row outside the step (nothing is changed then).
         """
         rows = ids.numel()
         longs = [t.to(torch.int64).contiguous() for t in (ids, positions, seqs, slots, keep)]
         tables = tables.to(torch.int32).contiguous()
-        cos, sin = (t.to(torch.float32).contiguous() for t in (cos, sin))
+        if self.local_rope and local is None:
+            raise ValueError("layers with local_rope need the local cos and sin")
+        rotary = [cos, sin, *(local if self.local_rope and local else ())]
+        rotary = [t.to(torch.float32).contiguous() for t in rotary]
         if tables.dim() != 2 or any(t.numel() != rows for t in longs[:4]):
             raise ValueError("ids, positions, sequences and slots must have a value per row")
-        if cos.shape != (rows, self._model.dim) or sin.shape != cos.shape:
+        if any(t.shape != (rows, self._model.dim) for t in rotary):
             raise ValueError(f"cos and sin must be [{rows}, {self._model.dim}]")
+        cos, sin, *rest = rotary
+        cos_local, sin_local = rest if rest else (None, None)
         if rows and (int(longs[2].min()) < 0 or int(longs[2].max()) >= tables.shape[0]):
             raise IndexError("a row's sequence has no block table")
         logits = torch.empty(keep.numel(), self.vocab, dtype=torch.float32)
         step = _Step(
-            *(t.data_ptr() for t in (*longs, tables, cos, sin, logits)),
-            rows, tables.shape[1], keep.numel(), max(0, threads),
+            *(t.data_ptr() for t in (*longs, tables, cos, sin)),
+            *(t.data_ptr() if t is not None else None for t in (cos_local, sin_local)),
+            logits.data_ptr(), rows, tables.shape[1], keep.numel(), max(0, threads),
         )  # fmt: skip
         done = _LIBRARY.get().cf_forward(ctypes.byref(self._model), ctypes.byref(step))
         if done == -2:
@@ -218,6 +254,10 @@ class Decoder:
             self._floats(layer.ffn_norm, hidden),
             self._floats(layer.q_norm, dim) if layer.q_norm is not None else None,
             self._floats(layer.k_norm, dim) if layer.k_norm is not None else None,
+            self._floats(layer.post_attn_norm, hidden)
+            if layer.post_attn_norm is not None
+            else None,
+            self._floats(layer.post_ffn_norm, hidden) if layer.post_ffn_norm is not None else None,
             self._matrix(layer.q, heads * dim, hidden),
             self._matrix(layer.k, kv_heads * dim, hidden),
             self._matrix(layer.v, kv_heads * dim, hidden),
@@ -228,6 +268,7 @@ class Decoder:
             layer.key_cache.data_ptr(),
             layer.value_cache.data_ptr(),
             layer.window or 0,
+            int(layer.local_rope),
         )
 
     def _matrix(self, linear: Linear, n: int, k: int) -> _Matrix:

@@ -69,11 +69,14 @@ def _llama_order(weights: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def write_gguf(folder: Path, arch: str, kinds: dict[str, QK], cache_dir: Path) -> Path:
+def write_gguf(
+    folder: Path, arch: str, kinds: dict[str, QK], cache_dir: Path, tied: bool = False
+) -> Path:
     """Write a tiny ``arch`` model as ``folder/model.gguf``; ``kinds`` maps name parts to types.
 
     A matrix takes the type of the first key of ``kinds`` found in its GGUF name (``"*"``
-    for the rest); 1-D tensors stay F32. Returns the file's path.
+    for the rest); 1-D tensors stay F32. ``tied``: the head is the embedding (no output
+    tensor), as in every Gemma 2 file. Returns the file's path.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -81,8 +84,9 @@ def write_gguf(folder: Path, arch: str, kinds: dict[str, QK], cache_dir: Path) -
 
     torch.manual_seed(0)
     config = gguf_config(arch)
+    config.tie_word_embeddings = tied or config.tie_word_embeddings
     model = AutoModelForCausalLM.from_config(config)
-    arch_name = {"llama": "llama", "qwen2": "qwen2"}[arch]
+    arch_name = {"llama": "llama", "qwen2": "qwen2", "gemma2": "gemma2", "gemma3": "gemma3"}[arch]
     table = gguf.get_tensor_name_map(
         next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name),
         config.num_hidden_layers,
@@ -96,6 +100,11 @@ def write_gguf(folder: Path, arch: str, kinds: dict[str, QK], cache_dir: Path) -
             continue
         name = f"{table.get_name(base)}.{suffix}"
         values = tensor.float().numpy()
+        if arch.startswith("gemma") and "norm" in name:
+            # llama.cpp's converter stores Gemma's norms as 1 + w (the loader takes 1 off);
+            # each its own weights, as a trained model's, so a mix-up shows
+            values = 1.0 + values + 0.3 * np.random.default_rng(seed).standard_normal(values.shape)
+            values = values.astype(np.float32)
         if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
             heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
             values = _llama_order(values, heads)

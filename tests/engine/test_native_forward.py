@@ -30,6 +30,15 @@ PROMPTS = [list(range(3, 90)), [5, 17, 300, 41], [9] * 40]
 F32 = gguf_kernels.TYPES["F32"]
 
 
+def random_norms(model: Any) -> None:
+    """Give every norm its own weights (a new model's are all alike), so a mix-up shows."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "norm" in name:
+                weight += 0.3 * torch.randn(weight.shape, generator=gen)
+
+
 def _run(loaded: Any, config: Any, native: bool) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy tokens of PROMPTS run together, and the logits of every step."""
     engine = LLMEngine(loaded, config)
@@ -48,11 +57,17 @@ BOUNDS = {"float32": 1e-5, "float16": 1e-4, "bfloat16": 1e-3}
 
 
 @pytest.mark.parametrize("kv", list(BOUNDS))
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral_window"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral_window", "gemma2", "gemma3"])
 def test_the_c_forward_gives_transformers_logits(arch: str, kv: str) -> None:
-    """Prefill chunks and decodes of three sequences: float32 rounding apart, same logits."""
+    """Prefill chunks and decodes of three sequences: float32 rounding apart, same logits.
+
+    Gemma 2 adds soft-capped scores and logits, Gemma 3 q/k norms and a second rotary table
+    for its sliding layers; both have sliding windows, sandwich norms, GELU and a scaled
+    embedding.
+    """
     # A small token budget: the long prompt is cut into chunks that share steps with decodes.
     loaded, config = make_loaded(arch, kv_cache_dtype=kv, max_num_batched_tokens=32)
+    random_norms(loaded.model)
     in_place_f32(loaded.model)
     got, ours = _run(loaded, config, native=True)
     want, theirs = _run(loaded, config, native=False)
@@ -69,9 +84,9 @@ def test_models_it_cannot_run_stay_on_transformers(monkeypatch: pytest.MonkeyPat
     with monkeypatch.context() as patch:
         patch.setattr(cpu_forward, "unavailable", lambda: pytest.fail("built for nothing"))
         assert LLMEngine(loaded, config).runner.native is None  # dense nn.Linear layers
-    gemma, config = make_loaded("gemma2")
-    in_place_f32(gemma.model)
-    assert LLMEngine(gemma, config).runner.native is None
+    phi3, config = make_loaded("phi3_window")
+    in_place_f32(phi3.model)
+    assert LLMEngine(phi3, config).runner.native is None
 
 
 def test_bad_ids_and_tables_are_refused_and_change_nothing() -> None:

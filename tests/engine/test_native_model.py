@@ -56,24 +56,64 @@ def _same(a: Any, b: Any, config: EngineConfig = LIKE_FOR_LIKE) -> None:
 
 @pytest.mark.parametrize(
     ("arch", "kinds"),
-    [("llama", {"*": QK.Q4_0}), ("qwen2", {"attn_v": QK.Q6_K, "*": QK.Q4_K})],
+    [
+        ("llama", {"*": QK.Q4_0}),
+        ("qwen2", {"attn_v": QK.Q6_K, "*": QK.Q4_K}),
+        ("gemma3", {"ffn_down": QK.Q6_K, "*": QK.Q4_K}),
+    ],
 )
 def test_a_gguf_file_runs_as_transformers_model_of_it_does(
     tmp_path: Path, arch: str, kinds: dict[str, QK]
 ) -> None:
-    """Llama (rows reordered, tied head) and Qwen2 (biases, untied head): the same logits."""
+    """Llama (rows reordered, tied head), Qwen2 (biases, untied head), Gemma 3 (norms stored
+    as 1 + w, a scaled embedding kept in place): the same logits."""
     path = write_gguf(tmp_path / "m", arch, kinds, tmp_path / "cache")
     settings = EngineConfig(model=str(path), device="cpu", cache_dir=tmp_path / "cache")
     native = load_model(settings)
     assert isinstance(native.model, NativeModel)
     theirs = load_model(settings, native_model=False)
     assert not isinstance(theirs.model, NativeModel)
-    assert native.weights == theirs.weights
+    if arch.startswith("gemma"):
+        # transformers' Gemma embedding scales its rows, so its model holds the table dense;
+        # the NativeModel keeps it in place and the C forward scales the rows it reads
+        assert native.weights.endswith(" F32 in memory)")
+        assert native.weights != theirs.weights
+        dense_only = {"model.embed_tokens.weight"}
+    else:
+        assert native.weights == theirs.weights
+        dense_only = set()
     assert native.eos_token_ids == theirs.eos_token_ids
     assert native.max_model_len == theirs.max_model_len
     assert native.repetition_penalty == theirs.repetition_penalty
-    assert native.model.state_dict().keys() == theirs.model.state_dict().keys()
+    names, their_names = set(native.model.state_dict()), set(theirs.model.state_dict())
+    assert names <= their_names
+    assert their_names - names == dense_only
     _same(native, theirs)
+
+
+def test_a_tied_gemma_file_runs_natively_with_transformers_tokens(tmp_path: Path) -> None:
+    """Gemma's files tie the head to the embedding: both stay in place, one matrix.
+
+    transformers' Gemma model holds that embedding dense (it scales its rows), so its head
+    is no GGUF matrix and the C forward does not run it: here it is the oracle through its
+    own forward. The same tokens; logits within the rounding of the head's inputs to 8 bits
+    per block, which the in-place head does and transformers' dense head does not (0.3% of
+    the logits' spread here).
+    """
+    path = write_gguf(tmp_path / "m", "gemma2", {"*": QK.Q8_0}, tmp_path / "cache", tied=True)
+    settings = EngineConfig(model=str(path), device="cpu", cache_dir=tmp_path / "cache")
+    native = load_model(settings)
+    assert isinstance(native.model, NativeModel)
+    assert native.model.lm_head.matrix is native.model.model.embed_tokens.matrix
+    got, ours = _run(native, LIKE_FOR_LIKE)
+    theirs = load_model(settings, native_model=False)
+    engine = LLMEngine(theirs, LIKE_FOR_LIKE)
+    assert engine.runner.native is None
+    with recorded_logits() as seen:
+        want = greedy_together(engine, PROMPTS, 10)
+    assert got == want
+    for a, b in zip(ours, seen, strict=True):
+        assert (a - b).abs().max() <= 1e-2 * (b.max() - b.min())
 
 
 def _native_of(loaded: Any) -> Any:
@@ -97,7 +137,17 @@ def _native_of(loaded: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    "arch", ["llama", "qwen2", "qwen3", "mistral_window", "llama_biases", "qwen2_window"]
+    "arch",
+    [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "mistral_window",
+        "llama_biases",
+        "qwen2_window",
+        "gemma2",
+        "gemma3",
+    ],
 )
 def test_every_architecture_is_built_as_transformers_builds_it(arch: str) -> None:
     """q/k norms, sliding windows, biases and head sizes: transformers' logits exactly."""
@@ -153,10 +203,14 @@ def test_scaled_rotary_embeddings_are_transformers_own(rope: dict[str, Any]) -> 
 
 def test_what_it_cannot_run_is_refused_by_name() -> None:
     """Other types, activations and length-dependent rotary kinds stay transformers' model."""
-    with pytest.raises(ValueError, match="model type 'gemma2'"):
-        NativeModel(tiny_config("gemma2", 512))
+    with pytest.raises(ValueError, match="model type 'phi3'"):
+        NativeModel(tiny_config("phi3_window", 512))
     config = tiny_config("llama", 512)
     config.hidden_act = "gelu"
+    with pytest.raises(ValueError, match="activation 'gelu'"):
+        NativeModel(config)
+    config = tiny_config("gemma3", 512)
+    config.hidden_activation = "gelu"
     with pytest.raises(ValueError, match="activation 'gelu'"):
         NativeModel(config)
     config = tiny_config("llama", 512)
