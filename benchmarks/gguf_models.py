@@ -7,7 +7,7 @@ SmolLM2's tokenizer (taken from the bundled model: there is no Hub here), conver
 llama.cpp's ``convert_hf_to_gguf.py --outtype bf16`` and quantized with ``llama-quantize``.
 Everything is cached under ``.cache/models/``; a file that exists is not made again.
 
-``scripts/bench gguf_models [--shapes 360m,1.7b,qwen1.5b] [--formats Q4_0,Q4_K_M,Q8_0]``
+``scripts/bench gguf_models [--shapes 360m,1.7b,qwen1.5b,gemma3-1b] [--formats Q4_0,Q4_K_M,Q8_0]``
 prints the paths of the quantized files.
 """
 
@@ -49,11 +49,12 @@ class Shape:
     max_positions: int
     rms_norm_eps: float
     tied: bool = True
+    head_size: int = 0  # where it is not hidden // heads (Gemma 3's 256)
 
     @property
     def head_dim(self) -> int:
         """Width of one attention head."""
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
     def kv_bytes_per_token(self, element_bytes: int) -> int:
         """Bytes one token's K and V take across all layers at ``element_bytes`` per value."""
@@ -62,6 +63,8 @@ class Shape:
     def config_kwargs(self, tiny: bool = False) -> dict[str, Any]:
         """The transformers config arguments; ``tiny`` keeps the kind but shrinks the sizes."""
         scale = 16 if tiny else 1
+        if self.model_type == "gemma3_text":
+            return self._gemma3_kwargs(scale, tiny)
         kwargs: dict[str, Any] = {
             "hidden_size": self.hidden // scale,
             "intermediate_size": self.intermediate // scale,
@@ -84,12 +87,39 @@ class Shape:
             kwargs["mlp_bias"] = False
         return kwargs
 
+    def _gemma3_kwargs(self, scale: int, tiny: bool) -> dict[str, Any]:
+        """Gemma 3 text's arguments, as google/gemma-3-1b-it's config.json has them.
+
+        Its defaults hold the rest of that layout (a full-attention layer after every five
+        sliding ones, rotary bases 1e6 and 1e4, GELU, 1 + w norms); the 1B model's window
+        is 512 tokens, not the default 4096 of the larger ones.
+        """
+        return {
+            "hidden_size": self.hidden // scale,
+            "intermediate_size": self.intermediate // scale,
+            "num_hidden_layers": 2 if tiny else self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim // (4 if tiny else 1),
+            "query_pre_attn_scalar": self.head_dim,
+            "sliding_window": 512 // (4 if tiny else 1),
+            "vocab_size": self.vocab // scale,
+            "tie_word_embeddings": self.tied,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_positions,
+            "rms_norm_eps": self.rms_norm_eps,
+            "initializer_range": 0.02,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+        }
+
     def config(self, tiny: bool = False) -> Any:
         """A transformers config of this shape (``tiny``: the same kind, small enough to test)."""
-        from transformers import LlamaConfig, Qwen2Config
+        from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
 
-        kind = {"llama": LlamaConfig, "qwen2": Qwen2Config}[self.model_type]
-        return kind(**self.config_kwargs(tiny))
+        kinds = {"llama": LlamaConfig, "qwen2": Qwen2Config, "gemma3_text": Gemma3TextConfig}
+        return kinds[self.model_type](**self.config_kwargs(tiny))
 
 
 # From the real models' config.json files (HuggingFaceTB/SmolLM2-360M-Instruct,
@@ -139,6 +169,24 @@ SHAPES: dict[str, Shape] = {
         max_positions=32768,
         rms_norm_eps=1e-6,
     ),
+    # Gemma 3 1B's shape (google/gemma-3-1b-it) with SmolLM2's tokenizer, its vocabulary
+    # filled with unused tokens to Gemma's 262144 (the converter keeps as many embedding
+    # rows as the tokenizer has tokens).
+    "gemma3-1b": Shape(
+        key="gemma3-1b",
+        name="Gemma3-1B-shape",
+        model_type="gemma3_text",
+        hidden=1152,
+        intermediate=6912,
+        layers=26,
+        heads=4,
+        kv_heads=1,
+        vocab=262144,
+        rope_theta=1000000.0,
+        max_positions=32768,
+        rms_norm_eps=1e-6,
+        head_size=256,
+    ),
 }
 
 # The bundled model (SmolLM2-135M-Instruct, its shipped Q4_1 file), which
@@ -185,8 +233,11 @@ def llama_cpp_source() -> Path:
     return source_dir()
 
 
-def _save_tokenizer(folder: Path) -> None:
-    """SmolLM2's tokenizer from the bundled GGUF, saved in transformers' format."""
+def save_tokenizer(folder: Path, vocab: int = 0) -> None:
+    """SmolLM2's tokenizer from the bundled GGUF, saved in transformers' format.
+
+    ``vocab`` above its own size adds unused tokens (no merge reaches them) up to it.
+    """
     from transformers import AutoTokenizer
 
     from paged_llm.engine.loader import bundled_gguf_path
@@ -194,6 +245,11 @@ def _save_tokenizer(folder: Path) -> None:
     source = bundled_gguf_path(TOKENIZER_SOURCE)
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     tokenizer.save_pretrained(folder)
+    path = folder / "tokenizer.json"
+    data = json.loads(path.read_text())
+    words = data["model"]["vocab"]
+    words.update({f"<unused{i}>": i for i in range(len(words), vocab)})
+    path.write_text(json.dumps(data, ensure_ascii=False))
 
 
 def build_hf(shape: Shape, folder: Path, seed: int = 0, tiny: bool = False) -> Path:
@@ -210,7 +266,7 @@ def build_hf(shape: Shape, folder: Path, seed: int = 0, tiny: bool = False) -> P
     model = AutoModelForCausalLM.from_config(shape.config(tiny), dtype=torch.bfloat16)
     model.save_pretrained(folder)
     del model
-    _save_tokenizer(folder)
+    save_tokenizer(folder, 0 if tiny else shape.vocab)
     return folder
 
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks.gguf import METRICS, Prompts, ratio, ratios, table
-from benchmarks.gguf_models import SHAPES, gguf_path, parse_list, shape_of
+from benchmarks.gguf_models import SHAPES, gguf_path, parse_list, save_tokenizer, shape_of
 
 # (hidden, intermediate, layers, heads, kv heads, vocab, rope theta, positions, kind)
 STATED = {
     "360m": (960, 2560, 32, 15, 5, 49152, 100000.0, 8192, "llama"),
     "1.7b": (2048, 8192, 24, 32, 32, 49152, 130000.0, 8192, "llama"),
     "qwen1.5b": (1536, 8960, 28, 12, 2, 151936, 1e6, 32768, "qwen2"),
+    "gemma3-1b": (1152, 6912, 26, 4, 1, 262144, 1e6, 32768, "gemma3_text"),
 }
 
 
@@ -38,6 +41,7 @@ def test_kv_bytes_per_token_from_the_shape() -> None:
     # 2 (K and V) x 32 layers x 5 KV heads x 64 wide x 2 bytes
     assert SHAPES["360m"].kv_bytes_per_token(2) == 2 * 32 * 5 * 64 * 2
     assert SHAPES["qwen1.5b"].kv_bytes_per_token(4) == 2 * 28 * 2 * 128 * 4
+    assert SHAPES["gemma3-1b"].kv_bytes_per_token(2) == 2 * 26 * 1 * 256 * 2  # heads of 256
 
 
 @pytest.mark.parametrize("key", sorted(STATED))
@@ -53,11 +57,18 @@ def test_full_config_has_the_shape(key: str) -> None:
     assert config.vocab_size == shape.vocab
     assert config.tie_word_embeddings
     assert config.max_position_embeddings == shape.max_positions
-    assert config.rope_parameters["rope_theta"] == shape.rope_theta
+    rope = config.rope_parameters
+    assert rope.get("full_attention", rope)["rope_theta"] == shape.rope_theta
     assert config.initializer_range == 0.02
+    if shape.model_type == "gemma3_text":  # gemma-3-1b-it's layout beyond the shape
+        assert config.head_dim == config.query_pre_attn_scalar == 256
+        assert config.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"]
+        assert config.sliding_window == 512
+        assert rope["sliding_attention"]["rope_theta"] == 10000.0
+        assert config.hidden_activation == "gelu_pytorch_tanh"
 
 
-@pytest.mark.parametrize("key", ["360m", "qwen1.5b"])
+@pytest.mark.parametrize("key", ["360m", "qwen1.5b", "gemma3-1b"])
 def test_tiny_random_model_keeps_the_kind(key: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -66,7 +77,7 @@ def test_tiny_random_model_keeps_the_kind(key: str) -> None:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(shape.config(tiny=True), dtype=torch.bfloat16)
     attn = model.model.layers[0].self_attn
-    head_dim = shape.hidden // 16 // shape.heads
+    head_dim = shape.head_dim // 4 if shape.head_size else shape.hidden // 16 // shape.heads
     assert attn.q_proj.weight.shape == (shape.heads * head_dim, shape.hidden // 16)
     assert attn.k_proj.weight.shape == (shape.kv_heads * head_dim, shape.hidden // 16)
     assert (attn.q_proj.bias is not None) == (shape.model_type == "qwen2")
@@ -74,6 +85,20 @@ def test_tiny_random_model_keeps_the_kind(key: str) -> None:
     assert model.dtype == torch.bfloat16
     std = model.model.embed_tokens.weight.float().std().item()
     assert 0.015 < std < 0.025
+
+
+def test_a_tokenizer_filled_to_a_vocabulary_size_still_tokenizes_as_before(tmp_path: Path) -> None:
+    """Gemma's shape needs 262144 tokens of SmolLM2's 49152: unused ones fill the rest."""
+    from transformers import AutoTokenizer
+
+    save_tokenizer(tmp_path / "plain")
+    save_tokenizer(tmp_path / "filled", 50000)
+    plain = AutoTokenizer.from_pretrained(tmp_path / "plain")
+    filled = AutoTokenizer.from_pretrained(tmp_path / "filled")
+    assert len(filled) == 50000 > len(plain)
+    assert filled.convert_ids_to_tokens(49999) == "<unused49999>"
+    text = "Turn on the kitchen lights, please!"
+    assert filled.encode(text) == plain.encode(text)
 
 
 def test_file_names_round_trip_and_lists_are_checked() -> None:
