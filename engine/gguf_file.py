@@ -3,17 +3,19 @@
 ``gguf``'s GGUFReader builds a numpy view of every item of every metadata array: for a
 49,152-token vocabulary that took 2.5-4 s, and more for 150k-token ones, before one
 tensor is found. Loading needs only the architecture name and the tensor table, so this
-reader walks the metadata by lengths alone (well under a second) and maps the file once.
+reader walks the metadata by lengths alone, over a read-only map with a cursor (0.04 s for
+Gemma 3's 262,144 tokens; reading each length from a file object took 0.14 s), and maps
+the file once.
 The format is GGUF v2/v3 as the ``gguf`` package documents it; types and block sizes
 come from that package.
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -25,6 +27,7 @@ _MAGIC = b"GGUF"
 _SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
 _ALIGNMENT_KEY = "general.alignment"
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,8 +69,8 @@ class GGUFFile:
 def read(path: Path) -> GGUFFile:
     """Read the file's table and map it; a damaged or truncated file is a ModelLoadError."""
     try:
-        with path.open("rb") as file:
-            architecture, tensors, data_start = _read_header(file)
+        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            architecture, tensors, data_start = _read_header(m)
         size = path.stat().st_size
         placed = [_placed(t, data_start) for t in tensors]
         for tensor in placed:
@@ -83,34 +86,38 @@ def read(path: Path) -> GGUFFile:
     return GGUFFile(path, architecture, placed, mapping)
 
 
-def _read_header(file: BinaryIO) -> tuple[str, list[TensorInfo], int]:
+def _read_header(buf: mmap.mmap) -> tuple[str, list[TensorInfo], int]:
     """(architecture, tensors with offsets relative to the data, data start)."""
-    if file.read(4) != _MAGIC:
+    if buf[:4] != _MAGIC:
         raise ValueError("not a GGUF file (no GGUF magic at its start)")
-    version, n_tensors, n_kv = struct.unpack("<IQQ", file.read(20))
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
     if version not in (2, 3):
         raise ValueError(f"GGUF version {version} is not supported (2 or 3 are)")
+    at = 24
     architecture = ""
     alignment = 32
     for _ in range(n_kv):
-        key = _string(file)
-        (kind,) = struct.unpack("<I", file.read(4))
+        key, at = _string(buf, at)
+        (kind,) = _U32.unpack_from(buf, at)
+        at += 4
         if key == "general.architecture" and kind == _STRING:
-            architecture = _string(file)
+            architecture, at = _string(buf, at)
         elif key == _ALIGNMENT_KEY and kind == 4:
-            (alignment,) = struct.unpack("<I", file.read(4))
+            (alignment,) = _U32.unpack_from(buf, at)
+            at += 4
         else:
-            _skip(file, kind)
+            at = _skip(buf, at, kind)
     if not architecture:
         raise ValueError("the file names no general.architecture")
     tensors = []
     for _ in range(n_tensors):
-        name = _string(file)
-        (dims,) = struct.unpack("<I", file.read(4))
-        shape = struct.unpack(f"<{dims}Q", file.read(8 * dims))
-        kind, offset = struct.unpack("<IQ", file.read(12))
+        name, at = _string(buf, at)
+        (dims,) = _U32.unpack_from(buf, at)
+        shape = struct.unpack_from(f"<{dims}Q", buf, at + 4)
+        kind, offset = struct.unpack_from("<IQ", buf, at + 4 + 8 * dims)
+        at += 4 + 8 * dims + 12
         tensors.append(TensorInfo(name, GGMLQuantizationType(kind), shape, offset, 0))
-    return architecture, tensors, -(-file.tell() // alignment) * alignment
+    return architecture, tensors, -(-at // alignment) * alignment
 
 
 def _placed(tensor: TensorInfo, data_start: int) -> TensorInfo:
@@ -127,25 +134,33 @@ def _placed(tensor: TensorInfo, data_start: int) -> TensorInfo:
     )
 
 
-def _string(file: BinaryIO) -> str:
-    """A length-prefixed UTF-8 string."""
-    (length,) = struct.unpack("<Q", file.read(8))
-    return file.read(length).decode()
+def _string(buf: mmap.mmap, at: int) -> tuple[str, int]:
+    """A length-prefixed UTF-8 string at ``at``, and where the next value starts."""
+    (length,) = _U64.unpack_from(buf, at)
+    end = at + 8 + length
+    if end > len(buf):
+        raise ValueError("the metadata runs past the end of the file")
+    return buf[at + 8 : end].decode(), end
 
 
-def _skip(file: BinaryIO, kind: int) -> None:
-    """Move past one metadata value of this type without building it."""
+def _skip(buf: mmap.mmap, at: int, kind: int) -> int:
+    """Where the metadata value of this type at ``at`` ends, without building it."""
     if kind in _SCALAR_SIZE:
-        file.seek(_SCALAR_SIZE[kind], 1)
-    elif kind == _STRING:
-        (length,) = struct.unpack("<Q", file.read(8))
-        file.seek(length, 1)
-    elif kind == _ARRAY:
-        item, count = struct.unpack("<IQ", file.read(12))
-        if item in _SCALAR_SIZE:
-            file.seek(_SCALAR_SIZE[item] * count, 1)
-        else:
-            for _ in range(count):
-                _skip(file, item)
-    else:
+        return at + _SCALAR_SIZE[kind]
+    if kind == _STRING:
+        (length,) = _U64.unpack_from(buf, at)
+        return at + 8 + int(length)
+    if kind != _ARRAY:
         raise ValueError(f"unknown metadata value type {kind}")
+    item, count = struct.unpack_from("<IQ", buf, at)
+    at += 12
+    if item in _SCALAR_SIZE:
+        return at + _SCALAR_SIZE[item] * int(count)
+    if item == _STRING:  # a vocabulary (Gemma's: 262,144 strings): by their lengths alone
+        unpack = _U64.unpack_from
+        for _ in range(count):
+            at += 8 + unpack(buf, at)[0]
+        return at
+    for _ in range(count):
+        at = _skip(buf, at, item)
+    return at

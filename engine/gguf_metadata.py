@@ -39,6 +39,7 @@ _NUMBERS = {
     12: np.float64,
 }
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 class Unreadable(ValueError):
@@ -94,6 +95,7 @@ class MetadataReader:
         """Read the header; Unreadable where gguf's own reader is needed."""
         self.fields: dict[str, Field] = {}
         self.tensors: list[TensorName] = []
+        self._decoded: dict[str, list[Any]] = {}
         with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as m:
             self._buffer, self._at = m, 0
             try:
@@ -163,12 +165,20 @@ class MetadataReader:
                 fields[name] = Field(name, field.types, [ParsedArray(self._items(field))], [0])
         return ParsedView(fields, self.tensors)
 
-    @staticmethod
-    def _items(field: Field) -> list[Any]:
-        """An array field's items as plain values: numbers, or strings decoded from UTF-8."""
-        if field.types[1] in _NUMBERS:
-            return np.asarray(field.parts).reshape(-1).tolist()
-        return [bytes(part).decode("utf-8") for part in field.parts]
+    def _items(self, field: Field) -> list[Any]:
+        """An array field's items as plain values: numbers, or strings decoded from UTF-8.
+
+        Worked out once per field (values and parsed both ask for a vocabulary); a copy
+        each time, as the callers may change their lists.
+        """
+        items = self._decoded.get(field.name)
+        if items is None:
+            if field.types[1] in _NUMBERS:
+                items = np.asarray(field.parts).reshape(-1).tolist()
+            else:
+                items = [bytes(part).decode("utf-8") for part in field.parts]
+            self._decoded[field.name] = items
+        return list(items)
 
     def _field(self, name: str, kind: int) -> Field:
         """One value, or one array, of the field's type."""
@@ -183,8 +193,21 @@ class MetadataReader:
             values = self._numbers(item, count).reshape(count, 1)  # a part per value
             return Field(name, [kind, item], values, range(count))
         if item == _STRING:
-            return Field(name, [kind, item], [self._string() for _ in range(count)], range(count))
+            return Field(name, [kind, item], self._strings(count), range(count))
         raise Unreadable(f"field {name} is an array of type {item}")
+
+    def _strings(self, count: int) -> list[bytes]:
+        """``count`` length-prefixed strings' bytes: a vocabulary's, in one tight loop."""
+        buffer, at, unpack = self._buffer, self._at, _U64.unpack_from
+        items = []
+        for _ in range(count):
+            (length,) = unpack(buffer, at)
+            items.append(buffer[at + 8 : at + 8 + length])
+            at += 8 + length
+        if at > len(buffer):
+            raise Unreadable("the header runs past the end of the file")
+        self._at = at
+        return items
 
     def _numbers(self, kind: int, count: int) -> np.ndarray:
         """``count`` numbers of a type, copied out of the map."""

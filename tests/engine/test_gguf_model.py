@@ -192,7 +192,17 @@ def test_damaged_files_are_named_with_the_cause(tmp_path: Path) -> None:
     other.write_bytes(b"not a model at all" * 10)
     with pytest.raises(ModelLoadError, match=r"other\.gguf cannot be read: not a GGUF file"):
         _load(other, tmp_path / "c", "auto")
+    # Cut inside the tensor table: the header walk runs out of bytes.
+    cut = tmp_path / "m" / "cut.gguf"
+    cut.write_bytes(data[: data.index(b"blk.1.") + 3])
+    with pytest.raises(ModelLoadError, match=r"cut\.gguf cannot be read: "):
+        _load(cut, tmp_path / "c", "auto")
+    empty = tmp_path / "m" / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match=r"empty\.gguf cannot be read: "):
+        _load(empty, tmp_path / "c", "auto")
     assert not any(tmp_path.glob("c/truncated*")), "nothing is kept for a refused file"
+    assert not any(tmp_path.glob("c/cut*"))
 
 
 def test_without_kernels_a_file_loads_dense_and_says_why(
