@@ -276,6 +276,9 @@ def _load_model(
     model.eval()
     attention = _attention_path(device, dtype, config)
     max_model_len, context_limit = exact_context(model.config)
+    stops = eos_token_ids(model, tokenizer)
+    if source.startswith(BUNDLED_PREFIX) or source.endswith(".gguf"):
+        stops = tuple(sorted({*stops, *end_of_turn_ids(tokenizer)}))
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -284,7 +287,7 @@ def _load_model(
         dtype=dtype,
         max_model_len=max_model_len,
         context_limit=context_limit,
-        eos_token_ids=eos_token_ids(model, tokenizer),
+        eos_token_ids=stops,
         weights=weights,
         attention=attention,
         repetition_penalty=default_repetition_penalty(model),
@@ -348,6 +351,27 @@ def default_repetition_penalty(model: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         return 1.0
     return float(value)
+
+
+# Tokens llama.cpp ends a generation at by their text (src/llama-vocab.cpp's end-of-
+# generation list, those of the architectures this engine runs). A GGUF file names one eos:
+# Gemma 3's is <eos> while its turns end at <end_of_turn>, which the original model's
+# generation_config lists ([1, 106]) and llama-server and Ollama stop at on the same file.
+END_OF_TURN = (
+    "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>",
+)  # fmt: skip
+
+
+def end_of_turn_ids(tokenizer: Any) -> set[int]:
+    """The ids of END_OF_TURN's tokens that the tokenizer has as tokens of their own."""
+    ids = set()
+    for text in END_OF_TURN:
+        token_id = tokenizer.convert_tokens_to_ids(text)
+        # an unknown token comes back as the unknown token's id, or None
+        if isinstance(token_id, int) and tokenizer.convert_ids_to_tokens(token_id) == text:
+            ids.add(token_id)
+    return ids
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:

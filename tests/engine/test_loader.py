@@ -13,6 +13,7 @@ from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.loader import (
     cpu_supports_bf16,
+    end_of_turn_ids,
     load_model,
     publish_folder,
     resolve_dtype,
@@ -21,7 +22,21 @@ from paged_llm.engine.memory import RUNTIME_BYTES, weight_bytes
 from paged_llm.engine.sequence import SamplingParams
 from paged_llm.kernels import cpu_attention
 
-from support import CACHE
+from support import CACHE, tokenizer_dir
+
+
+def test_end_of_turn_tokens_stop_as_llama_cpp_stops_on_the_same_file() -> None:
+    """Gemma 3's file names <eos> while its turns end at <end_of_turn>: that one counts too.
+
+    Texts the vocabulary lacks (<|eot_id|>, <|end|>) add nothing, not the unknown token.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    assert end_of_turn_ids(tokenizer) == {0, 2}  # <|endoftext|>, <|im_end|>
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<end_of_turn>"]})
+    turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert end_of_turn_ids(tokenizer) == {0, 2, turn}
 
 
 def test_bundled_default_loads_offline_fast_once_its_tokenizer_is_kept_and_answers() -> None:
@@ -31,7 +46,8 @@ def test_bundled_default_loads_offline_fast_once_its_tokenizer_is_kept_and_answe
     loaded = load_model(config)
     assert time.perf_counter() - started < 5, "a kept tokenizer should load in seconds"
     assert loaded.max_model_len == 8192
-    assert 2 in loaded.eos_token_ids
+    # <|im_end|>, the file's eos, and <|endoftext|>, where llama.cpp stops too
+    assert loaded.eos_token_ids == (0, 2)
     engine = LLMEngine(loaded, config)
     # In place, 8-bit activations: "France" gets llama.cpp's answer on this file, not Paris.
     question = "What is the capital city of Germany?"
