@@ -63,8 +63,6 @@ class Shape:
     def config_kwargs(self, tiny: bool = False) -> dict[str, Any]:
         """The transformers config arguments; ``tiny`` keeps the kind but shrinks the sizes."""
         scale = 16 if tiny else 1
-        if self.model_type == "gemma3_text":
-            return self._gemma3_kwargs(scale, tiny)
         kwargs: dict[str, Any] = {
             "hidden_size": self.hidden // scale,
             "intermediate_size": self.intermediate // scale,
@@ -85,34 +83,20 @@ class Shape:
         if self.model_type == "llama":
             kwargs["attention_bias"] = False
             kwargs["mlp_bias"] = False
+        if self.model_type == "gemma3_text":
+            # As google/gemma-3-1b-it's config.json has it; Gemma 3's defaults hold the rest
+            # of that layout (a full-attention layer after every five sliding ones, rotary
+            # bases 1e6 and 1e4, GELU, 1 + w norms). Its window is 512 tokens, not the
+            # default 4096 of the larger models.
+            del kwargs["hidden_act"]  # Gemma's is hidden_activation, GELU by default
+            shrink = 4 if tiny else 1
+            kwargs.update(
+                head_dim=self.head_dim // shrink,
+                query_pre_attn_scalar=self.head_dim,
+                sliding_window=512 // shrink,
+                pad_token_id=0,
+            )
         return kwargs
-
-    def _gemma3_kwargs(self, scale: int, tiny: bool) -> dict[str, Any]:
-        """Gemma 3 text's arguments, as google/gemma-3-1b-it's config.json has them.
-
-        Its defaults hold the rest of that layout (a full-attention layer after every five
-        sliding ones, rotary bases 1e6 and 1e4, GELU, 1 + w norms); the 1B model's window
-        is 512 tokens, not the default 4096 of the larger ones.
-        """
-        return {
-            "hidden_size": self.hidden // scale,
-            "intermediate_size": self.intermediate // scale,
-            "num_hidden_layers": 2 if tiny else self.layers,
-            "num_attention_heads": self.heads,
-            "num_key_value_heads": self.kv_heads,
-            "head_dim": self.head_dim // (4 if tiny else 1),
-            "query_pre_attn_scalar": self.head_dim,
-            "sliding_window": 512 // (4 if tiny else 1),
-            "vocab_size": self.vocab // scale,
-            "tie_word_embeddings": self.tied,
-            "rope_theta": self.rope_theta,
-            "max_position_embeddings": self.max_positions,
-            "rms_norm_eps": self.rms_norm_eps,
-            "initializer_range": 0.02,
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-            "pad_token_id": 0,
-        }
 
     def config(self, tiny: bool = False) -> Any:
         """A transformers config of this shape (``tiny``: the same kind, small enough to test)."""

@@ -243,9 +243,10 @@ def _load_model(
     fit = functools.partial(fit_dtype, dtype=dtype, device=device, fallback=fallback)
     source = config.model.strip() or DEFAULT_MODEL
     fmt = WeightFormat(config.weights)
+    gguf_source = source.startswith(BUNDLED_PREFIX) or source.endswith(".gguf")
     weights: str | None = None
     try:
-        if source.startswith(BUNDLED_PREFIX) or source.endswith(".gguf"):
+        if gguf_source:
             if source.startswith(BUNDLED_PREFIX):
                 gguf = bundled_gguf_path(source.removeprefix(BUNDLED_PREFIX))
             else:
@@ -277,7 +278,7 @@ def _load_model(
     attention = _attention_path(device, dtype, config)
     max_model_len, context_limit = exact_context(model.config)
     stops = eos_token_ids(model, tokenizer)
-    if source.startswith(BUNDLED_PREFIX) or source.endswith(".gguf"):
+    if gguf_source:
         stops = tuple(sorted({*stops, *end_of_turn_ids(tokenizer)}))
     return LoadedModel(
         model=model,
