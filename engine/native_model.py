@@ -34,6 +34,8 @@ def refusal(config: Any) -> str | None:
     act, want = activation(config)
     if act != want:
         return f"activation {act!r}"
+    if missing := missing_rope_types(config):
+        return f"no rotary parameters for its {', '.join(map(repr, missing))} layers"
     for rope in rope_kinds(config).values():
         if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
             return "partial rotary embeddings"
@@ -50,10 +52,19 @@ def activation(config: Any) -> tuple[Any, str]:
 def rope_kinds(config: Any) -> dict[str | None, dict[str, Any]]:
     """The rotary parameters of each layer type (Gemma 3 has two), else of all (key None)."""
     rope = getattr(config, "rope_parameters", None) or {}
-    types = getattr(config, "layer_types", None) or ()
-    if config.model_type == "gemma3_text" and all(isinstance(rope.get(t), dict) for t in types):
-        return {t: rope[t] for t in sorted(set(types))}
+    if config.model_type == "gemma3_text":
+        types = sorted(set(getattr(config, "layer_types", None) or ()))
+        return {t: rope[t] for t in types if isinstance(rope.get(t), dict)}
     return {None: rope}
+
+
+def missing_rope_types(config: Any) -> list[str]:
+    """Gemma 3's layer types whose rotary parameters the config lacks (none elsewhere)."""
+    if config.model_type != "gemma3_text":
+        return []
+    rope = getattr(config, "rope_parameters", None) or {}
+    types = sorted(set(getattr(config, "layer_types", None) or ()))
+    return [t for t in types if not isinstance(rope.get(t), dict)]
 
 
 def can_build(config: Any) -> bool:

@@ -213,6 +213,11 @@ def test_what_it_cannot_run_is_refused_by_name() -> None:
     config.hidden_activation = "gelu"
     with pytest.raises(ValueError, match="activation 'gelu'"):
         NativeModel(config)
+    config = tiny_config("gemma3", 512)
+    del config.rope_parameters["sliding_attention"]
+    assert not can_build(config)
+    with pytest.raises(ValueError, match="no rotary parameters for its 'sliding_attention' layers"):
+        NativeModel(config)
     config = tiny_config("llama", 512)
     config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
     assert not can_build(config)  # the loader keeps transformers' model for it
