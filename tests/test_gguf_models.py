@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gguf import METRICS, Prompts, ratio, ratios, table
+from benchmarks.gguf import METRICS, Prompts, best_of, ratio, ratios, table
 from benchmarks.gguf_models import SHAPES, gguf_path, parse_list, save_tokenizer, shape_of
 
 # (hidden, intermediate, layers, heads, kv heads, vocab, rope theta, positions, kind)
@@ -173,3 +173,25 @@ def test_table_shows_values_ratios_and_direction() -> None:
     assert rows["bytes written during load (MiB)"].endswith("| 0 | 10 | - | lower |")
     assert len([line for line in text.splitlines() if line.startswith("| ")]) == len(METRICS) + 2
     assert "8192 tokens" in text
+
+
+def test_rounds_keep_each_systems_best_and_show_each_rounds_ratios() -> None:
+    slow = {"decode1_tps": 10.0, "decode32_tps": 60.0, "ttft60_s": 2.0, "peak_rss_bytes": 900}
+    fast = {"decode1_tps": 12.0, "decode32_tps": 90.0, "ttft60_s": 1.0, "peak_rss_bytes": 950}
+    best = best_of([slow, fast])
+    assert (best["decode32_tps"], best["ttft60_s"], best["peak_rss_bytes"]) == (90.0, 1.0, 900)
+    assert best["rounds"] == [slow, fast]
+    assert best_of([slow]) is slow  # one round: as measured, no rounds kept
+    failed = {"error": "RuntimeError: gone", "decode32_tps": 500.0}
+    assert best_of([failed, slow])["decode32_tps"] == 60.0  # a failed round's figures do not count
+    assert "error" in best_of([failed, failed])
+    theirs = {"decode1_tps": 10.0, "decode32_tps": 50.0, "ttft60_s": 1.0, "peak_rss_bytes": 1000}
+    entry = {
+        **ENTRY,
+        "systems": {"llama.cpp": best_of([theirs, theirs]), "paged-llm": best_of([slow, fast])},
+    }
+    text = table(entry)
+    assert "best of 2 rounds" in text
+    assert "- decode tok/s, 32 at once: 1.20, 1.80" in text
+    assert "- TTFT, 60-token prompt (s): 2.00, 1.00" in text
+    assert "rounds" not in table(ENTRY)
