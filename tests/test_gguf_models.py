@@ -176,6 +176,7 @@ def test_table_shows_values_ratios_and_direction() -> None:
 
 
 def test_rounds_keep_each_systems_best_and_show_each_rounds_ratios() -> None:
+    """Turns: each metric at its system's best; a failed round ignored; every round's ratio."""
     slow = {"decode1_tps": 10.0, "decode32_tps": 60.0, "ttft60_s": 2.0, "peak_rss_bytes": 900}
     fast = {"decode1_tps": 12.0, "decode32_tps": 90.0, "ttft60_s": 1.0, "peak_rss_bytes": 950}
     best = best_of([slow, fast])
