@@ -62,9 +62,8 @@ def missing_rope_types(config: Any) -> list[str]:
     """Gemma 3's layer types whose rotary parameters the config lacks (none elsewhere)."""
     if config.model_type != "gemma3_text":
         return []
-    rope = getattr(config, "rope_parameters", None) or {}
-    types = sorted(set(getattr(config, "layer_types", None) or ()))
-    return [t for t in types if not isinstance(rope.get(t), dict)]
+    kinds = rope_kinds(config)
+    return [t for t in sorted(set(getattr(config, "layer_types", None) or ())) if t not in kinds]
 
 
 def can_build(config: Any) -> bool:
