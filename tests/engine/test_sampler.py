@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from paged_llm.engine.sampler import Sampler
+from paged_llm.engine.sampler import Sampler, _kept_floor, _whole_row_floor
 from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 
 
@@ -64,3 +65,35 @@ def test_temperature_sharpens_the_distribution() -> None:
     hot = [s.sample(logits, [seq("h", temperature=5.0)])[0] for _ in range(200)]
     assert cold.count(0) > 195
     assert hot.count(0) < 150
+
+
+@pytest.mark.parametrize("spread", [0.3, 1.0, 3.0, 6.0, 12.0])
+def test_a_nucleus_found_among_the_largest_logits_is_the_definitions(spread: float) -> None:
+    """Top-p alone looks among the largest logits before sorting a whole row. The kept set
+    is the definition's (the top tokens while the mass before them is below p), from flat
+    rows (the nucleus beyond every candidate count: sorted whole) to peaked ones, with its
+    edge where the mass computed in float64 crosses p within float32's rounding."""
+    vocab = 20_000
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(12, vocab, generator=g) * spread
+    ps = [0.05, 0.3, 0.5, 0.7, 0.9, 0.95, 0.99, 0.999, 0.9999, 0.2, 0.8, 0.6]
+    ks = [vocab] * 11 + [3000]  # the last row's top-k takes the whole sort
+    kept = (logits >= _whole_row_floor(logits, ks, ps).unsqueeze(1)).sum(dim=-1).tolist()
+    ranked = logits.double().sort(dim=-1, descending=True).values
+    ranked[-1, ks[-1] :] = float("-inf")
+    probs = torch.softmax(ranked, dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    for row, (n, p) in enumerate(zip(kept, ps, strict=True)):
+        assert before[row, n - 1] < p + 1e-5, (row, n)
+        assert n == vocab or before[row, n] >= p - 1e-5, (row, n)
+    assert kept[-1] <= ks[-1]
+
+
+def test_a_tie_across_the_nucleus_edge_is_kept_whole() -> None:
+    logits = torch.randn(2, 20_000, generator=torch.Generator().manual_seed(5))
+    logits[:, :500] = 9.0  # 500 tokens share the top: the nucleus ends among them
+    floor = _whole_row_floor(logits, [20_000, 20_000], [0.3, 0.6])
+    assert ((logits >= floor.unsqueeze(1)).sum(dim=-1) == 500).all()
+    assert torch.equal(
+        floor, _kept_floor(logits.sort(dim=-1, descending=True).values, [20_000] * 2, [0.3, 0.6])
+    )
