@@ -10,8 +10,9 @@ from paged_llm.engine.step_thread import StepThread
 class FakeEngine:
     """Takes a few turns, recording whether another engine served voice meanwhile."""
 
-    def __init__(self, turns: int, interactive: bool) -> None:
+    def __init__(self, turns: int, interactive: bool, after: FakeEngine | None = None) -> None:
         self.left = turns
+        self.after = after  # no turn of its own counts before this engine has had one
         self.interactive = interactive
         self.seen: list[bool] = []
         self.threads: set[str] = set()
@@ -22,6 +23,8 @@ class FakeEngine:
 
     def turn(self, interactive_elsewhere: bool) -> float | None:
         self.threads.add(threading.current_thread().name)
+        if self.after is not None and not self.after.seen:
+            return 0.0
         if self.left == 0:
             self.done.set()
             return None
@@ -32,14 +35,17 @@ class FakeEngine:
 
 def test_engines_take_turns_and_learn_of_voice_on_another_engine() -> None:
     step_thread = StepThread()
-    voice, summary = FakeEngine(3, interactive=True), FakeEngine(6, interactive=False)
+    summary = FakeEngine(6, interactive=False)
+    # The voice's turns count from the summary's first: the thread may give the voice
+    # turns before the test has attached the summary.
+    voice = FakeEngine(3, interactive=True, after=summary)
     step_thread.attach(voice)
     step_thread.attach(summary)
     assert voice.done.wait(5)
     assert summary.done.wait(5)
     # The summary's engine knew of the voice while it lasted (the voice finishes in its
-    # third turn, before the summary's); the voice's own engine did not count itself.
-    assert summary.seen == [True, True, False, False, False, False]
+    # third turn, before the summary's third); the voice's own engine did not count itself.
+    assert summary.seen == [True, True, True, False, False, False]
     assert voice.seen == [False, False, False]
     assert voice.threads == summary.threads == {"paged-llm-engine"}
 
