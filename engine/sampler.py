@@ -153,21 +153,29 @@ def _whole_row_floor(logits: torch.Tensor, top_ks: list[int], top_ps: list[float
     floor = torch.empty(len(top_ks), device=logits.device)
     alone = [r for r in range(len(top_ks)) if top_ks[r] >= vocab and top_ps[r] < 1.0]
     sort = [r for r in range(len(top_ks)) if r not in alone]
-    for count in _NUCLEUS_CANDIDATES:
-        if not alone or count >= vocab:
+    counts = [c for c in _NUCLEUS_CANDIDATES if c < vocab]
+    for tier, count in enumerate(counts):
+        if not alone:
             break
         rows = logits if len(alone) == len(logits) else logits[alone]
         top = rows.topk(count, dim=-1).values
         probs = torch.exp(top - torch.logsumexp(rows, dim=-1, keepdim=True))
         ps = torch.tensor([top_ps[r] for r in alone], device=logits.device, dtype=probs.dtype)
-        drop = probs.cumsum(dim=-1) - probs >= ps.unsqueeze(1)
+        mass = probs.cumsum(dim=-1)
+        drop = mass - probs >= ps.unsqueeze(1)
         # Decided where a candidate already falls outside the nucleus.
-        decided = drop.any(dim=-1).tolist()
+        decided = drop.any(dim=-1)
         found = top.gather(1, (~drop).sum(dim=-1, keepdim=True) - 1).squeeze(1)
+        # Where the next count cannot reach p either (no token after the candidates weighs
+        # more than the last of them), go to the sort at once: flat rows pay no second tier.
+        more = counts[tier + 1] - count if tier + 1 < len(counts) else 0
+        hopeless = mass[:, -1] + more * probs[:, -1] < ps
         for i, r in enumerate(alone):
             if decided[i]:
                 floor[r] = found[i]
-        alone = [r for i, r in enumerate(alone) if not decided[i]]
+            elif bool(hopeless[i]):
+                sort.append(r)
+        alone = [r for i, r in enumerate(alone) if not decided[i] and not hopeless[i]]
     sort += alone
     if sort:
         ranked = logits[sort].sort(dim=-1, descending=True).values
