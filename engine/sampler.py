@@ -147,33 +147,38 @@ def _whole_row_floor(logits: torch.Tensor, top_ks: list[int], top_ps: list[float
 
     A row with top-p alone takes its floor from its largest logits when its nucleus ends
     among them (the usual case: a model's probability mass sits in few tokens), weighing
-    them against the whole row's sum as the full sort would; other rows are sorted whole.
+    them by the whole row's softmax; other rows are sorted whole.
     """
     vocab = logits.shape[-1]
     floor = torch.empty(len(top_ks), device=logits.device)
     alone = [r for r in range(len(top_ks)) if top_ks[r] >= vocab and top_ps[r] < 1.0]
     sort = [r for r in range(len(top_ks)) if r not in alone]
     counts = [c for c in _NUCLEUS_CANDIDATES if c < vocab]
+    if alone and counts:
+        # A row-wise softmax, gathered below: an elementwise exp over the rows could round
+        # a row's last values differently by where the batch puts them.
+        soft = torch.softmax(logits if len(alone) == len(logits) else logits[alone], dim=-1)
+        place = {r: i for i, r in enumerate(alone)}
     for tier, count in enumerate(counts):
         if not alone:
             break
-        rows = logits if len(alone) == len(logits) else logits[alone]
-        top = rows.topk(count, dim=-1).values
-        probs = torch.exp(top - torch.logsumexp(rows, dim=-1, keepdim=True))
+        index = torch.tensor([place[r] for r in alone], device=logits.device)
+        top = (logits if len(alone) == len(logits) else logits[alone]).topk(count, dim=-1)
+        probs = soft.index_select(0, index).gather(1, top.indices)
         ps = torch.tensor([top_ps[r] for r in alone], device=logits.device, dtype=probs.dtype)
         mass = probs.cumsum(dim=-1)
         drop = mass - probs >= ps.unsqueeze(1)
         # Decided where a candidate already falls outside the nucleus.
-        decided = drop.any(dim=-1)
-        found = top.gather(1, (~drop).sum(dim=-1, keepdim=True) - 1).squeeze(1)
+        decided = drop.any(dim=-1).tolist()
+        found = top.values.gather(1, (~drop).sum(dim=-1, keepdim=True) - 1).squeeze(1)
         # Where the next count cannot reach p either (no token after the candidates weighs
         # more than the last of them), go to the sort at once: flat rows pay no second tier.
         more = counts[tier + 1] - count if tier + 1 < len(counts) else 0
-        hopeless = mass[:, -1] + more * probs[:, -1] < ps
+        hopeless = (mass[:, -1] + more * probs[:, -1] < ps).tolist()
         for i, r in enumerate(alone):
             if decided[i]:
                 floor[r] = found[i]
-            elif bool(hopeless[i]):
+            elif hopeless[i]:
                 sort.append(r)
         alone = [r for i, r in enumerate(alone) if not decided[i] and not hopeless[i]]
     sort += alone
