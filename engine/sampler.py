@@ -155,17 +155,18 @@ def _whole_row_floor(logits: torch.Tensor, top_ks: list[int], top_ps: list[float
     sort = [r for r in range(len(top_ks)) if r not in alone]
     counts = [c for c in _NUCLEUS_CANDIDATES if c < vocab]
     if alone and counts:
+        rows = logits if len(alone) == len(logits) else logits[alone]
         # A row-wise softmax, gathered below: an elementwise exp over the rows could round
         # a row's last values differently by where the batch puts them.
-        soft = torch.softmax(logits if len(alone) == len(logits) else logits[alone], dim=-1)
-        place = {r: i for i, r in enumerate(alone)}
+        soft = torch.softmax(rows, dim=-1)
+    at = list(range(len(alone)))  # the undecided rows' places in rows and soft
     for tier, count in enumerate(counts):
-        if not alone:
+        if not at:
             break
-        index = torch.tensor([place[r] for r in alone], device=logits.device)
-        top = (logits if len(alone) == len(logits) else logits[alone]).topk(count, dim=-1)
-        probs = soft.index_select(0, index).gather(1, top.indices)
-        ps = torch.tensor([top_ps[r] for r in alone], device=logits.device, dtype=probs.dtype)
+        whole = len(at) == len(alone)
+        top = (rows if whole else rows[at]).topk(count, dim=-1)
+        probs = (soft if whole else soft[at]).gather(1, top.indices)
+        ps = torch.tensor([top_ps[alone[i]] for i in at], device=logits.device, dtype=probs.dtype)
         mass = probs.cumsum(dim=-1)
         drop = mass - probs >= ps.unsqueeze(1)
         # Decided where a candidate already falls outside the nucleus.
@@ -175,13 +176,13 @@ def _whole_row_floor(logits: torch.Tensor, top_ks: list[int], top_ps: list[float
         # more than the last of them), go to the sort at once: flat rows pay no second tier.
         more = counts[tier + 1] - count if tier + 1 < len(counts) else 0
         hopeless = (mass[:, -1] + more * probs[:, -1] < ps).tolist()
-        for i, r in enumerate(alone):
-            if decided[i]:
-                floor[r] = found[i]
-            elif hopeless[i]:
-                sort.append(r)
-        alone = [r for i, r in enumerate(alone) if not decided[i] and not hopeless[i]]
-    sort += alone
+        for j, i in enumerate(at):
+            if decided[j]:
+                floor[alone[i]] = found[j]
+            elif hopeless[j]:
+                sort.append(alone[i])
+        at = [i for j, i in enumerate(at) if not decided[j] and not hopeless[j]]
+    sort += [alone[i] for i in at]
     if sort:
         ranked = logits[sort].sort(dim=-1, descending=True).values
         floor[sort] = _kept_floor(ranked, [top_ks[r] for r in sort], [top_ps[r] for r in sort])
