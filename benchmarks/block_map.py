@@ -11,9 +11,9 @@ import statistics
 import sys
 import time
 
-from paged_llm.engine.kv.block_map import BlockMap, take_block_map
-from paged_llm.engine.kv.paged import KVCacheManager
-from paged_llm.engine.sequence import Priority, SamplingParams, Sequence, SequenceStatus
+from paged_llm.engine.core.kv.block_map import BlockMap, take_block_map
+from paged_llm.engine.core.kv.paged import KVCacheManager
+from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence, SequenceStatus
 
 from . import argument_parser
 

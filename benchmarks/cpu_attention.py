@@ -2,7 +2,7 @@
 
 ``scripts/bench cpu_attention [--rounds 2] [--steps 20]``: for each
 number of sequences and context length, prefills that many prompts, then times decode
-steps of ``LLMEngine`` with float32 decodes on the C kernel (kernels/cpu_attention.c) and
+steps of ``LLMEngine`` with float32 decodes on the C kernel (kernels/cpu/src/cpu_attention.c) and
 on the torch path (blocks gathered, then SDPA), the two alternating round by round in one
 process so a busy machine skews them alike; prints the best round of each, in
 milliseconds per step. Run it on a quiet machine.
@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
+from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import load_model
-from paged_llm.engine.sequence import SamplingParams
-from paged_llm.kernels import cpu_attention
+from paged_llm.engine.model.loader import load_model
+from paged_llm.kernels.cpu import attention as cpu_attention
 
 from . import ROOT, argument_parser
 from .machine import in_own_thread, step_until_decoding

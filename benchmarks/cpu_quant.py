@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from paged_llm.kernels import cpu_quant
+from paged_llm.kernels.cpu import quant as cpu_quant
 
 from . import ROOT, argument_parser
 
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     """Parse arguments, build the versions, alternate rounds, print the best of each."""
     parser = argument_parser("cpu_quant", __doc__)
     parser.add_argument(
-        "--against", help="a C file, or a git revision whose kernels/cpu_quant.c, to compare"
+        "--against",
+        help="a C file, or a git revision whose kernels/cpu/src/cpu_quant.c, to compare",
     )
     parser.add_argument("--rows", default="1,2,3,4,8,16,32,64")
     parser.add_argument("--rounds", type=int, default=4)
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
             if not old.is_file():
                 old = Path(tmp) / "old.c"
                 old.write_bytes(subprocess.run(
-                    ["git", "show", f"{args.against}:kernels/cpu_quant.c"],
+                    ["git", "show", f"{args.against}:kernels/cpu/src/cpu_quant.c"],
                     cwd=ROOT, capture_output=True, check=True,
                 ).stdout)  # fmt: skip
             builds = {args.against: build(Path(tmp) / "build", old), **builds}

@@ -14,14 +14,14 @@ from typing import Any
 
 from paged_llm.engine.async_engine import AsyncEngine
 from paged_llm.engine.config import KVLayout, SchedulerConfig
-from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
-from paged_llm.engine.kv.paged import KVCacheManager
+from paged_llm.engine.core.kv.block_pool import cdiv
+from paged_llm.engine.core.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.core.kv.paged import KVCacheManager
+from paged_llm.engine.core.scheduler import Scheduler
+from paged_llm.engine.core.sequence import SamplingParams, Sequence
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import LoadedModel
-from paged_llm.engine.model_runner import config_kv_dtype, kv_bytes_per_block
-from paged_llm.engine.scheduler import Scheduler
-from paged_llm.engine.sequence import SamplingParams, Sequence
-from paged_llm.engine.utils import cdiv
+from paged_llm.engine.model.loader import LoadedModel
+from paged_llm.engine.model.runner import config_kv_dtype, kv_bytes_per_block
 from paged_llm.protocol.priority import parse_priority
 
 from .machine import step_until_decoding

@@ -1,4 +1,4 @@
-"""Benchmark the GGUF block kernels (kernels/gguf_kernels.c) against dense float32 and cpu_quant.
+"""Benchmark the GGUF block kernels (kernels/cpu/src/gguf_kernels.c) against float32 and cpu_quant.
 
 For each matrix shape and weight type, prints microseconds per call and the effective GB/s
 of weight bytes read (the weight's size in its format / time) at several row counts, beside
@@ -22,8 +22,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from paged_llm.kernels import cpu_quant
-from paged_llm.kernels import gguf_kernels as gk
+from paged_llm.kernels.cpu import gguf_matmul as gk
+from paged_llm.kernels.cpu import quant as cpu_quant
 
 from . import argument_parser
 

@@ -224,7 +224,7 @@ def save_tokenizer(folder: Path, vocab: int = 0) -> None:
     """
     from transformers import AutoTokenizer
 
-    from paged_llm.engine.loader import bundled_gguf_path
+    from paged_llm.engine.model.loader import bundled_gguf_path
 
     source = bundled_gguf_path(TOKENIZER_SOURCE)
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)

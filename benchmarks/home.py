@@ -31,8 +31,8 @@ from paged_llm.engine.config import (
     EngineConfig,
     KVLayout,
 )
-from paged_llm.engine.loader import load_model
-from paged_llm.engine.model_runner import kv_bytes_per_block, resolve_kv_dtype
+from paged_llm.engine.model.loader import load_model
+from paged_llm.engine.model.runner import kv_bytes_per_block, resolve_kv_dtype
 
 from . import ROOT, argument_parser
 from .experiments import (

@@ -136,7 +136,7 @@ def paged_call(
     )
     if splits is None:
         return lambda: paged_attention(call, backend=backend)
-    from paged_llm.kernels import triton_attention
+    from paged_llm.kernels.triton import attention as triton_attention
 
     return lambda: triton_attention.paged_attention(call, num_kv_splits=splits)
 
@@ -195,7 +195,7 @@ def run_case(
     result = {"paged_ms": timer(paged_call(step, shape, backend))}
     result["splits"], result["single_ms"] = 1, math.nan
     if resolve_backend(device, backend) == "triton":
-        from paged_llm.kernels.triton_config import choose_num_splits
+        from paged_llm.kernels.triton.config import choose_num_splits
 
         splits = choose_num_splits(case.batch, shape.num_kv_heads, case.q_len, case.ctx, device)
         result["splits"] = splits

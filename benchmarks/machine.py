@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from paged_llm.engine.gguf_model import GGUFLinear
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import LoadedModel
+from paged_llm.engine.model.gguf_layers import GGUFLinear
+from paged_llm.engine.model.loader import LoadedModel
 
 from .process import stop_all
 

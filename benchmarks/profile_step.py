@@ -2,7 +2,7 @@
 
 ``scripts/bench profile_step [--model PATH.gguf] [--weights auto]``: decodes
 64-token prompts and times 16 pure decode steps per batch size. On a model the engine's C
-forward runs (GGUF read in place on the CPU, engine/native_forward.py) the step's kernels
+forward runs (GGUF read in place on the CPU, engine/model/native_forward.py) the step's kernels
 are that one call: matrix products, attention, norms, rotary, activations. What is left is
 the forward's Python (cos and sin from the model's rotary module, the step's arrays) and
 the rest of the step (scheduling, penalties, sampling, outputs). On any other model the
@@ -16,10 +16,10 @@ import time
 from typing import Any
 
 from paged_llm.engine.config import EngineConfig
+from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import load_model
-from paged_llm.engine.sequence import SamplingParams
-from paged_llm.kernels import cpu_forward
+from paged_llm.engine.model.loader import load_model
+from paged_llm.kernels.cpu import forward as cpu_forward
 
 from . import ROOT, argument_parser
 from .machine import in_own_thread, step_until_decoding

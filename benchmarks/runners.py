@@ -19,8 +19,8 @@ import torch
 
 from paged_llm.engine.async_engine import AsyncEngine
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig, KVLayout
-from paged_llm.engine.loader import LoadedModel
-from paged_llm.engine.sequence import SamplingParams
+from paged_llm.engine.core.sequence import SamplingParams
+from paged_llm.engine.model.loader import LoadedModel
 
 from . import ROOT
 from .workload import HomeRequest

@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass
 
 from paged_llm.engine.config import SchedulerConfig
-from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
-from paged_llm.engine.kv.manager import KVManager
-from paged_llm.engine.kv.paged import KVCacheManager
-from paged_llm.engine.scheduler import Scheduler
-from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
-from paged_llm.engine.utils import cdiv
+from paged_llm.engine.core.kv.block_pool import cdiv
+from paged_llm.engine.core.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.core.kv.manager import KVManager
+from paged_llm.engine.core.kv.paged import KVCacheManager
+from paged_llm.engine.core.scheduler import Scheduler
+from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence
 
 from . import argument_parser
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from paged_llm.engine.config import DEFAULT_MODEL, KVLayout
-from paged_llm.engine.loader import LoadedModel
+from paged_llm.engine.model.loader import LoadedModel
 
 from .process import ServerProcess, free_port
 from .runners import CLASSES, RequestResult, SystemRun, engine_config, run_engine

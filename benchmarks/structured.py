@@ -31,10 +31,10 @@ from custom_components.paged_llm.const import DEFAULT_MAX_TOKENS, STRUCTURE_FREQ
 from custom_components.paged_llm.prompt import TOOL_PROMPT, format_tool, json_schema_instruction
 from custom_components.paged_llm.tool_calls import parse_tool_calls
 from paged_llm.engine.config import EngineConfig
+from paged_llm.engine.core.sequence import FinishReason, SamplingParams
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import DEFAULT_MODEL, load_model
-from paged_llm.engine.sequence import FinishReason, SamplingParams
-from paged_llm.engine.tool_grammar import tool_call_structural_tag
+from paged_llm.engine.model.loader import DEFAULT_MODEL, load_model
+from paged_llm.engine.structured.tool_grammar import tool_call_structural_tag
 
 from . import ROOT, argument_parser
 

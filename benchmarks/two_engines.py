@@ -34,7 +34,7 @@ ITSELF = [sys.executable, "-m", "benchmarks.two_engines"]
 async def decode_rate(engine: object, tokens: int) -> float:
     """Tokens per second after the first token of one request."""
     from paged_llm.engine.async_engine import AsyncEngine
-    from paged_llm.engine.sequence import SamplingParams
+    from paged_llm.engine.core.sequence import SamplingParams
 
     assert isinstance(engine, AsyncEngine)
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
@@ -71,7 +71,7 @@ async def voice_beside_summaries(rounds: int) -> list[float]:
     """Voice TTFT on one engine: idle p50 and p95, then p50 and p95 while the other reads."""
     from paged_llm.engine.async_engine import AsyncEngine
     from paged_llm.engine.config import EngineConfig
-    from paged_llm.engine.sequence import SamplingParams
+    from paged_llm.engine.core.sequence import SamplingParams
 
     config = EngineConfig(device="cpu", kv_budget=256 * 2**20)
     voice, reader = AsyncEngine(config), AsyncEngine(config)

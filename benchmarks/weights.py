@@ -11,9 +11,9 @@ import sys
 import time
 
 from paged_llm.engine.config import EngineConfig
+from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import load_model
-from paged_llm.engine.sequence import SamplingParams
+from paged_llm.engine.model.loader import load_model
 
 from . import ROOT, argument_parser
 from .machine import step_until_decoding

@@ -14,18 +14,18 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import EngineConfig
-from .errors import EngineDeadError, RequestRejected
-from .info import EngineInfo
-from .kv.block_map import BlockMap, take_block_map
-from .kv.sizing import plan_kv_pool
-from .llm_engine import LLMEngine, Prompt
-from .loader import LoadedModel, load_model, resolve_device, resolve_dtype
-from .metrics import EngineState, MetricsSnapshot
-from .outputs import RequestOutput, StepTrace
-from .sequence import FinishReason, Priority, SamplingParams
-from .step_thread import STEP_THREAD
-from .validation import (
+from paged_llm.engine.config import EngineConfig
+from paged_llm.engine.core.kv.block_map import BlockMap, take_block_map
+from paged_llm.engine.core.kv.sizing import plan_kv_pool
+from paged_llm.engine.core.sequence import FinishReason, Priority, SamplingParams
+from paged_llm.engine.errors import EngineDeadError, RequestRejected
+from paged_llm.engine.info import EngineInfo
+from paged_llm.engine.llm_engine import LLMEngine, Prompt
+from paged_llm.engine.metrics import EngineState, MetricsSnapshot
+from paged_llm.engine.model.loader import LoadedModel, load_model, resolve_device, resolve_dtype
+from paged_llm.engine.outputs import RequestOutput, StepTrace
+from paged_llm.engine.step_thread import STEP_THREAD
+from paged_llm.engine.validation import (
     check_params,
     check_priority,
     check_prompt,

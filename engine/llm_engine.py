@@ -12,28 +12,21 @@ from typing import Any, cast
 
 import torch
 
-from paged_llm.protocol.tool_prompt import (
-    template_shows_tools,
-    template_source,
-    tools_as_text,
-    uses_tools,
-)
-
-from .config import EngineConfig, KVLayout
-from .detokenizer import Detokenizer
-from .errors import EngineDeadError, RequestRejected
-from .info import EngineInfo
-from .kv.contiguous import ContiguousKVCacheManager
-from .kv.paged import KVCacheManager
-from .kv.sizing import plan_kv_pool
-from .loader import LoadedModel, load_model
-from .metrics import EngineState, MetricsRecorder, MetricsSnapshot
-from .model_runner import ModelRunner, config_kv_dtype, kv_bytes_per_block
-from .outputs import RequestOutput, RequestTiming, StepTrace
-from .scheduler import Scheduler
-from .sequence import FinishReason, Priority, SamplingParams, Sequence
-from .structured import StructuredOutput
-from .validation import (
+from paged_llm.engine.config import EngineConfig, KVLayout
+from paged_llm.engine.core.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.core.kv.paged import KVCacheManager
+from paged_llm.engine.core.kv.sizing import plan_kv_pool
+from paged_llm.engine.core.scheduler import Scheduler
+from paged_llm.engine.core.sequence import FinishReason, Priority, SamplingParams, Sequence
+from paged_llm.engine.detokenizer import Detokenizer
+from paged_llm.engine.errors import EngineDeadError, RequestRejected
+from paged_llm.engine.info import EngineInfo
+from paged_llm.engine.metrics import EngineState, MetricsRecorder, MetricsSnapshot
+from paged_llm.engine.model.loader import LoadedModel, load_model
+from paged_llm.engine.model.runner import ModelRunner, config_kv_dtype, kv_bytes_per_block
+from paged_llm.engine.outputs import RequestOutput, RequestTiming, StepTrace
+from paged_llm.engine.structured.output import StructuredOutput
+from paged_llm.engine.validation import (
     check_arrival_time,
     check_params,
     check_priority,
@@ -42,6 +35,12 @@ from .validation import (
     check_template_kwargs,
     check_token_ids,
     check_tools,
+)
+from paged_llm.protocol.tool_prompt import (
+    template_shows_tools,
+    template_source,
+    tools_as_text,
+    uses_tools,
 )
 
 _LOGGER = logging.getLogger(__name__)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from paged_llm.engine.core.sequence import Sequence
 from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot, Percentiles, percentiles
 from paged_llm.protocol.windows import THROUGHPUT_WINDOW_S, LatencyWindows, RateWindow
-
-from .sequence import Sequence
 
 __all__ = ["EngineState", "MetricsRecorder", "MetricsSnapshot", "Percentiles", "percentiles"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sequence import FinishReason
+from paged_llm.engine.core.sequence import FinishReason
 
 
 @dataclass(slots=True, frozen=True)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from paged_llm.engine.core.sequence import Priority, SamplingParams
+from paged_llm.engine.errors import InvalidArgument
 from paged_llm.protocol.priority import parse_priority
-
-from .errors import InvalidArgument
-from .sequence import Priority, SamplingParams
 
 
 def check_prompt(prompt: object) -> None:

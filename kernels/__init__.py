@@ -23,7 +23,7 @@ from paged_llm.kernels.dispatch import (  # noqa: E402
     use_backend,
 )
 from paged_llm.kernels.inputs import AttentionCall, PagedAttentionInputs  # noqa: E402
-from paged_llm.kernels.triton_support import triton_import_error  # noqa: E402
+from paged_llm.kernels.triton.support import triton_import_error  # noqa: E402
 
 __all__ = [
     "BACKENDS",

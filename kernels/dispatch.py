@@ -16,7 +16,7 @@ import torch
 from paged_llm.kernels import reference
 from paged_llm.kernels.checks import check_attention_args, check_store_args
 from paged_llm.kernels.inputs import AttentionCall, AttentionFn, PlanCache
-from paged_llm.kernels.triton_support import triton_import_error
+from paged_llm.kernels.triton.support import triton_import_error
 
 BACKENDS = ("auto", "torch", "triton")
 BACKEND_ENV_VAR = "PAGED_LLM_ATTENTION_BACKEND"
@@ -147,7 +147,8 @@ def _triton_modules(device: torch.device) -> tuple[ModuleType, ModuleType]:
             f"backend 'triton' needs the triton package, which does not import here ({error}); "
             "install paged-llm[triton] or use backend 'torch'"
         )
-    from paged_llm.kernels import triton_attention, triton_store
+    from paged_llm.kernels.triton import attention as triton_attention
+    from paged_llm.kernels.triton import store as triton_store
 
     if device.type != "cuda" and not triton_attention.INTERPRETED:
         raise RuntimeError(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from paged_llm.kernels import cpu_attention
+from paged_llm.kernels.cpu import attention as cpu_attention
 from paged_llm.kernels.inputs import AttentionCall, PlanCache
 
 # Bytes of gathered keys per decode chunk: 2-4 MiB measured fastest on a 2-core Zen 4 VM.

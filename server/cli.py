@@ -20,7 +20,7 @@ from paged_llm.protocol.requirements import EngineExtraMissing, require_engine_e
 from .settings import API_KEY_ENV, DEFAULT_BODY_LIMIT, DEFAULT_HOST, DEFAULT_PORT, ServerSettings
 
 if TYPE_CHECKING:
-    from paged_llm.engine.config import EngineConfig
+    from paged_llm.engine.api import EngineConfig
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
@@ -97,8 +97,7 @@ def _engine_arguments(parser: argparse.ArgumentParser, positional_model: bool = 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The EngineConfig the arguments describe (ValueError naming a bad setting)."""
-    from paged_llm.engine.config import EngineConfig
-    from paged_llm.engine.json_bounds import JsonBounds
+    from paged_llm.engine.api import EngineConfig, JsonBounds
 
     cache_dir = Path(args.cache_dir or os.environ.get("XDG_CACHE_HOME", "~/.cache") + "/paged-llm")
     return EngineConfig(
@@ -209,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"paged-llm: {err}", file=sys.stderr)
         return 2
     except Exception as err:
-        from paged_llm.engine.errors import EngineError
+        from paged_llm.engine.api import EngineError
 
         if not isinstance(err, EngineError):
             raise

@@ -10,16 +10,14 @@ from paged_llm.protocol.errors import ApiError
 from paged_llm.protocol.requests import ChatRequest, CompletionRequest, GenerationRequest
 
 if TYPE_CHECKING:
-    from paged_llm.engine.frontend import Constraint
-    from paged_llm.engine.outputs import RequestOutput
-    from paged_llm.engine.sequence import SamplingParams
+    from paged_llm.engine.api import Constraint, RequestOutput, SamplingParams
 
     from .host import EngineHost
 
 
 def engine_error(err: Exception, retry_after: int) -> ApiError:
     """The API error for an engine exception, with the status a client can act on."""
-    from paged_llm.engine.frontend import error_info
+    from paged_llm.engine.api import error_info
 
     if isinstance(err, ApiError):
         return err
@@ -37,7 +35,7 @@ def engine_error(err: Exception, retry_after: int) -> ApiError:
 
 def _constraint(request: GenerationRequest) -> Constraint | None:
     """``response_format``, or the offered tools (unless tool_choice is "none"), if any."""
-    from paged_llm.engine.frontend import Constraint
+    from paged_llm.engine.api import Constraint
 
     if not isinstance(request, ChatRequest):
         return None
@@ -64,8 +62,8 @@ def sampling_params(
     names are offered and whose arguments fit; "required" and a named function demand a
     call.
     """
-    from paged_llm.engine.errors import InvalidSamplingParams
-    from paged_llm.engine.frontend import sampling_params as engine_sampling
+    from paged_llm.engine.api import InvalidSamplingParams
+    from paged_llm.engine.api import sampling_params as engine_sampling
 
     room = limit - prompt_len
     if room < 1:
@@ -112,7 +110,7 @@ async def tokenize(host: EngineHost, request: ChatRequest | CompletionRequest) -
     try:
         return await engine.tokenize(prompt, tools, kwargs)
     except Exception as err:
-        from paged_llm.engine.errors import EngineError
+        from paged_llm.engine.api import EngineError
 
         if isinstance(err, EngineError):
             raise engine_error(err, 1) from None
@@ -140,7 +138,7 @@ async def run(
     except ApiError:
         raise
     except Exception as err:
-        from paged_llm.engine.errors import EngineError
+        from paged_llm.engine.api import EngineError
 
         if isinstance(err, EngineError):
             raise engine_error(err, 1) from err

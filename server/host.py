@@ -13,9 +13,7 @@ from typing import TYPE_CHECKING
 from paged_llm.protocol.errors import ApiError
 
 if TYPE_CHECKING:
-    from paged_llm.engine.async_engine import AsyncEngine
-    from paged_llm.engine.config import EngineConfig
-    from paged_llm.engine.metrics import MetricsSnapshot
+    from paged_llm.engine.api import AsyncEngine, EngineConfig, MetricsSnapshot
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -65,7 +63,7 @@ class EngineHost:
         try:
             # Importing torch takes seconds: in a thread, so /health answers meanwhile.
             frontend = await asyncio.get_running_loop().run_in_executor(
-                None, importlib.import_module, "paged_llm.engine.frontend"
+                None, importlib.import_module, "paged_llm.engine.processor"
             )
             engine: AsyncEngine = await frontend.start_engine(
                 self.config, load_progress(self.model_name)

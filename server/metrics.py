@@ -19,7 +19,7 @@ from paged_llm.protocol import metrics as names
 from paged_llm.protocol.priority import PRIORITY_NAMES
 
 if TYPE_CHECKING:
-    from paged_llm.engine.outputs import RequestTiming
+    from paged_llm.engine.api import RequestTiming
 
     from .host import EngineHost
 

@@ -38,7 +38,7 @@ from .keys import HOST, METRICS
 from .metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
-    from paged_llm.engine.outputs import RequestOutput
+    from paged_llm.engine.api import RequestOutput
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ async def _prepare(
     template = getattr(engine.tokenizer, "chat_template", None)
     params = sampling_params(body, len(ids), host.max_request_tokens, default_max, template)
     if isinstance(body, ChatRequest) and body.tool_grammar:
-        from paged_llm.engine.frontend import first_compiled
+        from paged_llm.engine.api import first_compiled
 
         def plain() -> Any:
             """The tools as sent: tool_grammar's narrowed schemas are a hint, not a must."""

@@ -16,7 +16,7 @@ from .host import EngineHost, HostState
 from .settings import ServerSettings
 
 if TYPE_CHECKING:
-    from paged_llm.engine.config import EngineConfig
+    from paged_llm.engine.api import EngineConfig
 
 _LOGGER = logging.getLogger(__name__)
 

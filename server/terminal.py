@@ -9,8 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from paged_llm.engine.async_engine import AsyncEngine
-    from paged_llm.engine.config import EngineConfig
+    from paged_llm.engine.api import AsyncEngine, EngineConfig
 
 PROMPTS = (
     "Turn on the kitchen light and tell me when it is done.",
@@ -34,7 +33,7 @@ def _status(text: str) -> None:
 
 async def _start(config: EngineConfig) -> AsyncEngine:
     """Load the model, showing the seconds it takes."""
-    from paged_llm.engine.frontend import start_engine
+    from paged_llm.engine.api import start_engine
 
     started = time.monotonic()
     task = asyncio.create_task(start_engine(config))
@@ -49,7 +48,7 @@ async def _start(config: EngineConfig) -> AsyncEngine:
 
 async def _answer(engine: AsyncEngine, messages: list[dict[str, Any]], args: Any) -> str:
     """Stream one answer to stdout and return it."""
-    from paged_llm.engine.frontend import sampling_params
+    from paged_llm.engine.api import sampling_params
 
     params = sampling_params(
         temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
@@ -96,7 +95,7 @@ def _fmt(value: float | None) -> str:
 
 async def generate(config: EngineConfig, args: argparse.Namespace) -> int:
     """Run ``--concurrency`` prompts at once; print each answer's first line and the metrics."""
-    from paged_llm.engine.frontend import sampling_params
+    from paged_llm.engine.api import sampling_params
 
     if args.concurrency < 1:
         raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")

@@ -80,7 +80,7 @@ def write_gguf(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from paged_llm.engine.gguf_model import cache_folder
+    from paged_llm.engine.model.cache_folder import cache_folder
 
     torch.manual_seed(0)
     config = gguf_config(arch)

@@ -179,9 +179,9 @@ def make_loaded(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from paged_llm.engine.architectures import exact_context
     from paged_llm.engine.config import EngineConfig
-    from paged_llm.engine.loader import LoadedModel
+    from paged_llm.engine.model.architectures import exact_context
+    from paged_llm.engine.model.loader import LoadedModel
 
     torch.manual_seed(0)
     torch_dtype = getattr(torch, dtype)
@@ -225,7 +225,7 @@ async def becomes_true(check: Callable[[], bool], seconds: float) -> bool:
 
 def greedy_together(engine: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Greedy tokens of ``prompts`` added at once and run to the end, in prompt order."""
-    from paged_llm.engine.sequence import SamplingParams
+    from paged_llm.engine.core.sequence import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for i, prompt in enumerate(prompts):
@@ -240,7 +240,7 @@ def greedy_together(engine: Any, prompts: list[list[int]], max_tokens: int) -> l
 @contextlib.contextmanager
 def recorded_logits() -> Iterator[list[Any]]:
     """Within it, a copy of every engine step's logits (before penalties) is kept, in order."""
-    import paged_llm.engine.model_runner as model_runner
+    import paged_llm.engine.model.runner as model_runner
 
     seen: list[Any] = []
     penalties = model_runner.apply_penalties
@@ -261,8 +261,8 @@ def in_place_f32(model: Any) -> None:
     """Swap every linear layer for a GGUF F32 matrix read in place over the same weight."""
     import torch
 
-    from paged_llm.engine.gguf_model import GGUFLinear
-    from paged_llm.kernels import gguf_kernels
+    from paged_llm.engine.model.gguf_layers import GGUFLinear
+    from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
 
     f32 = gguf_kernels.TYPES["F32"]
     for name, module in list(model.named_modules()):

@@ -115,23 +115,26 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_holds_only_the_namespaced_packages(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     code = [n for n in names if n.endswith(".py")]
-    assert any(n == "paged_llm/engine/scheduler.py" for n in code)
+    assert any(n == "paged_llm/engine/core/scheduler.py" for n in code)
     assert any(n.startswith("paged_llm/kernels/") for n in code)
     assert any(n == "paged_llm/server/cli.py" for n in code)
     assert any(n == "paged_llm/protocol/tool_calls.py" for n in code)
     assert any(n == "paged_llm/client/openai.py" for n in code)
     assert any(n == "paged_llm/protocol/snapshot.py" for n in code)
-    assert any(n == "paged_llm/engine/kv/block_pool.py" for n in code)
+    assert any(n == "paged_llm/engine/core/kv/block_pool.py" for n in code)
     top = ("paged_llm/__init__.py", "paged_llm/__main__.py")
     assert set(top) <= set(code)
     parts = ("client", "engine", "kernels", "protocol", "server")
     assert all(n.startswith(tuple(f"paged_llm/{p}/" for p in parts)) or n in top for n in code)
     assert all(f"paged_llm/{p}/py.typed" in names for p in parts)
     # The C kernels (products, attention, the whole CPU forward) are compiled where the
-    # engine runs: every source beside kernels/ except the kernels' own self-test.
-    sources = {p.name for p in (ROOT / "kernels").glob("*.c") if not p.stem.endswith("_test")}
-    assert "cpu_forward.c" in sources
-    assert {f"paged_llm/kernels/{name}" for name in sources} <= set(names)
+    # engine runs: every source under kernels/cpu/src/ except the kernels' own self-test.
+    src = ROOT / "kernels" / "cpu"
+    sources = {
+        p.relative_to(src).as_posix() for p in src.rglob("*.[ch]") if not p.stem.endswith("_test")
+    }
+    assert "src/cpu_forward.c" in sources
+    assert {f"paged_llm/kernels/cpu/{name}" for name in sources} <= set(names)
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "paged-llm = paged_llm.server.cli:main" in text
@@ -157,7 +160,7 @@ def test_wheel_installs_and_imports_without_the_checkout(wheel: Path, tmp_path: 
     ).stdout.strip()
     Path(site, "dev_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     probe = (
-        "import paged_llm.engine.scheduler, paged_llm.kernels, paged_llm.engine as e;"
+        "import paged_llm.engine.core.scheduler, paged_llm.kernels, paged_llm.engine as e;"
         "print(e.__file__)"
     )
     result = subprocess.run(

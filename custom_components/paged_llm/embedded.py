@@ -38,11 +38,13 @@ from .const import (
 from .prompt import PLAIN_STOP, chat_template, render_plain, template_knows_tools
 
 if TYPE_CHECKING:
-    from paged_llm.engine.async_engine import AsyncEngine
-    from paged_llm.engine.config import EngineConfig
-    from paged_llm.engine.errors import EngineError
-    from paged_llm.engine.frontend import Constraint
-    from paged_llm.engine.sequence import SamplingParams
+    from paged_llm.engine.api import (
+        AsyncEngine,
+        Constraint,
+        EngineConfig,
+        EngineError,
+        SamplingParams,
+    )
 
 # Rejections with a translation of their own; any other is "rejected", naming its code.
 _KNOWN_REJECTIONS = frozenset(
@@ -71,7 +73,7 @@ def import_engine_module() -> ModuleType:
     except (ImportError, OSError) as err:
         raise TorchUnavailableError(str(err)) from err
     try:
-        return importlib.import_module("paged_llm.engine.frontend")
+        return importlib.import_module("paged_llm.engine.api")
     except (ImportError, OSError) as err:
         raise EngineImportError(str(err)) from err
 
@@ -94,7 +96,7 @@ def engine_config(hass: HomeAssistant, data: Mapping[str, Any]) -> EngineConfig:
 
     Call only once the engine is importable (it imports the engine's config module).
     """
-    from paged_llm.engine.config import EngineConfig
+    from paged_llm.engine.api import EngineConfig
 
     max_model_len = int(data.get(CONF_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN))
     return EngineConfig(
@@ -136,8 +138,7 @@ def is_transient_load_error(err: BaseException) -> bool:
 
 def backend_error(err: EngineError, restart: bool = False) -> BackendError:
     """The seam's error for an error the engine raised on a request."""
-    from paged_llm.engine.errors import RequestRejected
-    from paged_llm.engine.frontend import error_info
+    from paged_llm.engine.api import RequestRejected, error_info
 
     info = error_info(err)
     if isinstance(err, RequestRejected):
@@ -179,7 +180,7 @@ class EmbeddedBackend:
         async with self._lock:
             if not self.unloaded:
                 return
-            from paged_llm.engine.frontend import start_engine
+            from paged_llm.engine.api import start_engine
 
             try:
                 engine = await start_engine(self.engine.config)
@@ -233,7 +234,7 @@ class EmbeddedBackend:
 
     def _tokenizer(self) -> Any:
         """The model's tokenizer, or a seam error once the engine is gone."""
-        from paged_llm.engine.errors import EngineDeadError
+        from paged_llm.engine.api import EngineDeadError
 
         try:
             return self.engine.tokenizer
@@ -301,8 +302,7 @@ class EmbeddedBackend:
         tools: list[dict[str, Any]] | None,
     ) -> AsyncIterator[Delta]:
         """One request on the loaded engine."""
-        from paged_llm.engine.errors import EngineDeadError, EngineError
-        from paged_llm.engine.frontend import sampling_params
+        from paged_llm.engine.api import EngineDeadError, EngineError, sampling_params
 
         prompt, kwargs, templated = self._prompt(messages, sampling)
         try:
@@ -357,7 +357,7 @@ class EmbeddedBackend:
         The same path generate takes (off the event loop), so the count equals the request's
         reported prompt tokens.
         """
-        from paged_llm.engine.errors import EngineError
+        from paged_llm.engine.api import EngineError
 
         await self._async_ensure_loaded()
         prompt, kwargs, _ = self._prompt(messages, sampling)
@@ -382,7 +382,7 @@ class EmbeddedBackend:
         compiled is generated freely (an AI task's answer is still checked); each cause is
         logged once.
         """
-        from paged_llm.engine.frontend import Constraint, first_compiled
+        from paged_llm.engine.api import Constraint, first_compiled
 
         response_format = sampling.response_format or {}
         template = None
@@ -448,7 +448,7 @@ class EmbeddedBackend:
 
     def diagnostics(self) -> dict[str, Any]:
         """The engine's settings, model, KV pool and latest metrics."""
-        from paged_llm.engine.errors import EngineDeadError
+        from paged_llm.engine.api import EngineDeadError
 
         engine = self.engine
         config = engine.config

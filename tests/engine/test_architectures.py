@@ -15,16 +15,16 @@ from transformers import (
     T5Config,
 )
 
-from paged_llm.engine.architectures import (
+from paged_llm.engine.config import EngineConfig
+from paged_llm.engine.core.sequence import SamplingParams
+from paged_llm.engine.errors import KVBudgetError, ModelLoadError, UnsupportedModelError
+from paged_llm.engine.model.architectures import (
     check_supported,
     exact_context,
     unsupported_feature,
     unsupported_generation_setting,
 )
-from paged_llm.engine.config import EngineConfig
-from paged_llm.engine.errors import KVBudgetError, ModelLoadError, UnsupportedModelError
-from paged_llm.engine.loader import load_model
-from paged_llm.engine.sequence import SamplingParams
+from paged_llm.engine.model.loader import load_model
 
 from support import make_engine, tiny_config
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from paged_llm.engine.async_engine import AsyncEngine
+from paged_llm.engine.core.sequence import FinishReason, Priority, SamplingParams
 from paged_llm.engine.errors import (
     EngineDeadError,
     InvalidArgument,
@@ -18,7 +19,6 @@ from paged_llm.engine.errors import (
     RequestRejected,
 )
 from paged_llm.engine.metrics import MetricsSnapshot
-from paged_llm.engine.sequence import FinishReason, Priority, SamplingParams
 
 from support import becomes_true, make_loaded
 

@@ -9,11 +9,11 @@ import time
 import pytest
 
 from paged_llm.engine.async_engine import AsyncEngine
+from paged_llm.engine.core.kv.block_map import SHARED, BlockMap, BlockState, take_block_map
+from paged_llm.engine.core.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.core.kv.paged import KVCacheManager
+from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence, SequenceStatus
 from paged_llm.engine.errors import EngineDeadError
-from paged_llm.engine.kv.block_map import SHARED, BlockMap, BlockState, take_block_map
-from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
-from paged_llm.engine.kv.paged import KVCacheManager
-from paged_llm.engine.sequence import Priority, SamplingParams, Sequence, SequenceStatus
 
 from support import make_loaded
 

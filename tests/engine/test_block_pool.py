@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_llm.engine.kv.block_pool import ROOT_HASH, BlockPool, hash_block
+from paged_llm.engine.core.kv.block_pool import ROOT_HASH, BlockPool, hash_block
 
 
 def test_fresh_pool_is_all_free_in_order() -> None:

@@ -10,9 +10,9 @@ import pytest
 import torch
 import xgrammar as xg
 
-from paged_llm.engine.closing import Closer
-from paged_llm.engine.sequence import FinishReason, SamplingParams
-from paged_llm.engine.tool_grammar import tool_call_structural_tag
+from paged_llm.engine.core.sequence import FinishReason, SamplingParams
+from paged_llm.engine.structured.closer import Closer
+from paged_llm.engine.structured.tool_grammar import tool_call_structural_tag
 
 from support import make_engine
 

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
+from paged_llm.engine.core.sequence import Priority, SamplingParams
 from paged_llm.engine.metrics import EngineState
-from paged_llm.engine.sequence import Priority, SamplingParams
 
 from support import make_engine
 

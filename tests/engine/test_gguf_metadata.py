@@ -13,14 +13,14 @@ from transformers.integrations.ggml import _gguf_parse_value
 from transformers.integrations.gguf import reader as transformers_reader
 
 from paged_llm.engine.config import DEFAULT_MODEL
-from paged_llm.engine.gguf_metadata import (
+from paged_llm.engine.model.gguf_metadata import (
     MetadataReader,
     ParsedArray,
     Unreadable,
     passing_parsed,
 )
-from paged_llm.engine.gguf_model import _metadata_parsed_once
-from paged_llm.engine.loader import bundled_gguf_path
+from paged_llm.engine.model.gguf_transformers import _metadata_parsed_once
+from paged_llm.engine.model.loader import bundled_gguf_path
 
 
 def every_kind(path: Path, endianess: gguf.GGUFEndian = gguf.GGUFEndian.LITTLE) -> Path:

@@ -17,17 +17,14 @@ import pytest
 import torch
 
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
+from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.errors import ModelLoadError
-from paged_llm.engine.gguf_model import (
-    GGUFEmbedding,
-    GGUFLinear,
-    cache_folder,
-    config_and_tokenizer,
-)
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import bundled_gguf_path, load_model
-from paged_llm.engine.sequence import SamplingParams
-from paged_llm.kernels import gguf_kernels
+from paged_llm.engine.model.cache_folder import cache_folder
+from paged_llm.engine.model.gguf_layers import GGUFEmbedding, GGUFLinear
+from paged_llm.engine.model.gguf_transformers import config_and_tokenizer
+from paged_llm.engine.model.loader import bundled_gguf_path, load_model
+from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
 
 from gguf_files import QK, write_gguf
 from support import CACHE, recorded_logits
@@ -258,12 +255,12 @@ def test_a_first_start_parses_the_metadata_once_into_transformers_own_config_and
     from transformers.integrations import gguf as transformers_gguf
     from transformers.integrations.gguf import reader as transformers_reader
 
-    from paged_llm.engine import gguf_model
+    from paged_llm.engine.model import gguf_transformers
 
     gguf_path = bundled_gguf_path(DEFAULT_MODEL.split(":")[1])
     parses: list[object] = []
 
-    class Counted(gguf_model.MetadataReader):
+    class Counted(gguf_transformers.MetadataReader):
         """The engine's reader, counted."""
 
         def __init__(self, path: Any) -> None:
@@ -276,7 +273,7 @@ def test_a_first_start_parses_the_metadata_once_into_transformers_own_config_and
         raise AssertionError("gguf's GGUFReader parsed the file")
 
     reader, own_parse = gguf.GGUFReader, transformers_reader._read_metadata
-    monkeypatch.setattr(gguf_model, "MetadataReader", Counted)
+    monkeypatch.setattr(gguf_transformers, "MetadataReader", Counted)
     monkeypatch.setattr(gguf, "GGUFReader", refused)
     monkeypatch.setattr(transformers_reader, "_read_metadata", refused)
     config, tokenizer = config_and_tokenizer(gguf_path, None)

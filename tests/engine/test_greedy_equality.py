@@ -8,7 +8,7 @@ from functools import cache
 import pytest
 import torch
 
-from paged_llm.engine.sequence import SamplingParams
+from paged_llm.engine.core.sequence import SamplingParams
 
 from support import make_engine, tiny_config
 
@@ -73,7 +73,7 @@ def test_staggered_requests_match_generate(arch: str, block_size: int, prefix: b
 
 @pytest.mark.parametrize("arch", ["llama_mha", "llama", "qwen2"])
 def test_with_a_pool_small_enough_to_preempt(arch: str) -> None:
-    from paged_llm.engine.model_runner import kv_bytes_per_block
+    from paged_llm.engine.model.runner import kv_bytes_per_block
 
     per_block = kv_bytes_per_block(tiny_config(arch, 512), 16, torch.float32)
     # 24 blocks of 16 = 384 tokens: enough for the longest request, not for the crowd.

@@ -9,9 +9,9 @@ import pytest
 import xgrammar as xg
 from xgrammar.testing import _is_grammar_accept_string as accepts
 
-from paged_llm.engine.json_bounds import JsonBounds, bounded, open_string_length
-from paged_llm.engine.sequence import FinishReason, SamplingParams
-from paged_llm.engine.tool_grammar import tool_call_structural_tag
+from paged_llm.engine.core.sequence import FinishReason, SamplingParams
+from paged_llm.engine.structured.json_bounds import JsonBounds, bounded, open_string_length
+from paged_llm.engine.structured.tool_grammar import tool_call_structural_tag
 
 from support import make_engine
 
@@ -214,7 +214,7 @@ def test_a_looping_string_is_closed_where_it_loops() -> None:
 )
 def test_loops_are_units_of_up_to_eight_tokens_repeated(tail: list[int], looping: bool) -> None:
     """The loop check: a unit of 1-8 tokens, 8 times and at least 16 tokens, at the end."""
-    from paged_llm.engine.structured import _looping
+    from paged_llm.engine.structured.output import _looping
 
     prompt = [99, 98, 97]
     assert _looping(prompt + tail, len(tail)) is looping

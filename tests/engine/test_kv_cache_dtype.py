@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 import torch
 
-from paged_llm.engine import model_runner
 from paged_llm.engine.config import EngineConfig
-from paged_llm.engine.model_runner import (
+from paged_llm.engine.core.sequence import SamplingParams
+from paged_llm.engine.model import runner as model_runner
+from paged_llm.engine.model.runner import (
     ModelRunner,
     config_kv_dtype,
     kv_bytes_per_block,
     resolve_kv_dtype,
 )
-from paged_llm.engine.sequence import SamplingParams
-from paged_llm.kernels import cpu_attention
+from paged_llm.kernels.cpu import attention as cpu_attention
 
 from support import make_engine, make_loaded, tiny_config
 

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
-from paged_llm.engine.kv.manager import KVManager
-from paged_llm.engine.kv.paged import KVCacheManager
-from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
-from paged_llm.engine.utils import cdiv
+from paged_llm.engine.core.kv.block_pool import cdiv
+from paged_llm.engine.core.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.core.kv.manager import KVManager
+from paged_llm.engine.core.kv.paged import KVCacheManager
+from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence
 
 
 def make_seq(

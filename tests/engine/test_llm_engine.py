@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
+from paged_llm.engine.core.sequence import FinishReason, Priority, SamplingParams
 from paged_llm.engine.errors import KVBudgetError, RequestRejected
-from paged_llm.engine.sequence import FinishReason, Priority, SamplingParams
 
 from support import make_engine
 
@@ -221,7 +221,7 @@ def test_triton_path_gives_the_same_greedy_tokens_as_the_torch_path() -> None:
 
 
 def test_automatic_context_shrinks_to_the_pool_but_not_below_the_floor() -> None:
-    from paged_llm.engine.kv.sizing import AUTO_MIN_MODEL_LEN
+    from paged_llm.engine.core.kv.sizing import AUTO_MIN_MODEL_LEN
 
     # 8 KiB a block of 16 tokens: 300 blocks hold 4800 tokens, more than the 4096 context.
     assert make_engine(kv_budget=300 * 8192, max_model_len=None).max_model_len == 4096

@@ -9,18 +9,18 @@ import pytest
 import torch
 
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
+from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import (
+from paged_llm.engine.model.cache_folder import publish_folder
+from paged_llm.engine.model.loader import (
     cpu_supports_bf16,
     end_of_turn_ids,
     load_model,
-    publish_folder,
     resolve_dtype,
 )
-from paged_llm.engine.memory import RUNTIME_BYTES, weight_bytes
-from paged_llm.engine.sequence import SamplingParams
-from paged_llm.kernels import cpu_attention
+from paged_llm.engine.model.memory import RUNTIME_BYTES, weight_bytes
+from paged_llm.kernels.cpu import attention as cpu_attention
 
 from support import CACHE, tokenizer_dir
 
@@ -179,7 +179,7 @@ def free_memory_for(monkeypatch: pytest.MonkeyPatch, folder: Path, share: float)
 
     need = weight_bytes(AutoConfig.from_pretrained(folder), torch.float32)
     free = RUNTIME_BYTES + int(need * share)
-    monkeypatch.setattr("paged_llm.engine.memory.available_memory", lambda device: free)
+    monkeypatch.setattr("paged_llm.engine.model.memory.available_memory", lambda device: free)
 
 
 def test_auto_halves_float32_weights_that_memory_cannot_hold(

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.native_forward import NativeForward
-from paged_llm.kernels import cpu_forward, gguf_kernels
+from paged_llm.engine.model.native_forward import NativeForward
+from paged_llm.kernels.cpu import forward as cpu_forward
+from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
 
 from support import greedy_together, in_place_f32, make_loaded, recorded_logits
 

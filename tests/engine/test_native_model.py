@@ -20,9 +20,9 @@ import torch
 
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import load_model
-from paged_llm.engine.native_model import NativeModel, Rotary, can_build
-from paged_llm.kernels import cpu_forward
+from paged_llm.engine.model.loader import load_model
+from paged_llm.engine.model.native_model import NativeModel, Rotary, can_build
+from paged_llm.kernels.cpu import forward as cpu_forward
 
 from gguf_files import QK, write_gguf
 from support import greedy_together, in_place_f32, make_loaded, recorded_logits, tiny_config
@@ -236,8 +236,8 @@ def test_a_bundled_model_start_imports_no_transformers_model_class(tmp_path: Pat
         "import sys\n"
         "from paged_llm.engine.config import EngineConfig\n"
         "from paged_llm.engine.llm_engine import LLMEngine\n"
-        "from paged_llm.engine.loader import load_model\n"
-        "from paged_llm.engine.sequence import SamplingParams\n"
+        "from paged_llm.engine.model.loader import load_model\n"
+        "from paged_llm.engine.core.sequence import SamplingParams\n"
         "config = EngineConfig(device='cpu', kv_budget=2**25, max_model_len=512)\n"
         "engine = LLMEngine(load_model(config), config)\n"
         "params = SamplingParams(temperature=0, max_tokens=3)\n"

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from paged_llm.engine.config import EngineConfig
+from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.errors import InvalidSamplingParams
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import load_model
-from paged_llm.engine.penalties import apply_penalties
-from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.model.loader import load_model
+from paged_llm.engine.sample.penalties import apply_penalties
 
 from support import make_engine
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from paged_llm.engine.config import SchedulerConfig
+from paged_llm.engine.core.kv.paged import KVCacheManager
+from paged_llm.engine.core.scheduler import Scheduler
+from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.errors import RequestRejected
-from paged_llm.engine.kv.paged import KVCacheManager
-from paged_llm.engine.scheduler import Scheduler
-from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
 
 
 def make(now: list[float], reserve: float, num_blocks: int = 16) -> Scheduler:

@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from paged_llm.engine.config import EngineConfig
+from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.loader import apply_weights
-from paged_llm.engine.quant import (
+from paged_llm.engine.model.loader import apply_weights
+from paged_llm.engine.model.quant import (
     Q4Linear,
     Q8Linear,
     WeightFormat,
@@ -29,7 +30,6 @@ from paged_llm.engine.quant import (
     quantize_q8,
     set_module,
 )
-from paged_llm.engine.sequence import SamplingParams
 
 from support import make_loaded
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from paged_llm.engine.async_engine import AsyncEngine
+from paged_llm.engine.core.sequence import FinishReason, SamplingParams
 from paged_llm.engine.detokenizer import Detokenizer
 from paged_llm.engine.errors import (
     EngineDeadError,
@@ -15,7 +16,6 @@ from paged_llm.engine.errors import (
     InvalidSamplingParams,
     RequestRejected,
 )
-from paged_llm.engine.sequence import FinishReason, SamplingParams
 
 from support import make_engine, make_loaded
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from paged_llm.engine.request_queue import RequestQueue
-from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.core.request_queue import RequestQueue
+from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence
 
 
 class FakeClock:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_llm.engine.sampler import Sampler, _kept_floor, _whole_row_floor
-from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.sample.sampler import Sampler, _kept_floor, _whole_row_floor
 
 
 def seq(rid: str, **params: object) -> Sequence:

@@ -7,18 +7,18 @@ import random
 import pytest
 
 from paged_llm.engine.config import SchedulerConfig
-from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
-from paged_llm.engine.kv.block_pool import ROOT_HASH, hash_block
-from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
-from paged_llm.engine.kv.paged import KVCacheManager
-from paged_llm.engine.scheduler import Scheduler, SchedulerOutput
-from paged_llm.engine.sequence import (
+from paged_llm.engine.core.kv.block_pool import ROOT_HASH, hash_block
+from paged_llm.engine.core.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.core.kv.paged import KVCacheManager
+from paged_llm.engine.core.scheduler import Scheduler, SchedulerOutput
+from paged_llm.engine.core.sequence import (
     FinishReason,
     Priority,
     SamplingParams,
     Sequence,
     SequenceStatus,
 )
+from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
 
 INT, AUT, BG = Priority.INTERACTIVE, Priority.AUTOMATION, Priority.BACKGROUND
 

@@ -11,18 +11,18 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from paged_llm.engine.config import SchedulerConfig
-from paged_llm.engine.errors import RequestRejected
-from paged_llm.engine.kv.contiguous import ContiguousKVCacheManager
-from paged_llm.engine.kv.paged import KVCacheManager
-from paged_llm.engine.scheduler import Scheduler, SchedulerOutput
-from paged_llm.engine.sequence import (
+from paged_llm.engine.core.kv.block_pool import cdiv
+from paged_llm.engine.core.kv.contiguous import ContiguousKVCacheManager
+from paged_llm.engine.core.kv.paged import KVCacheManager
+from paged_llm.engine.core.scheduler import Scheduler, SchedulerOutput
+from paged_llm.engine.core.sequence import (
     FinishReason,
     Priority,
     SamplingParams,
     Sequence,
     SequenceStatus,
 )
-from paged_llm.engine.utils import cdiv
+from paged_llm.engine.errors import RequestRejected
 
 EOS = 0
 # Shared prefixes over a tiny vocabulary, so prompts (and outputs) repeat and share blocks.

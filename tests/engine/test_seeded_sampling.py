@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.errors import InvalidSamplingParams
-from paged_llm.engine.model_runner import kv_bytes_per_block
-from paged_llm.engine.sampler import Sampler
-from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.model.runner import kv_bytes_per_block
+from paged_llm.engine.sample.sampler import Sampler
 
 from support import make_engine, tiny_config
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.model_runner import kv_bytes_per_block
-from paged_llm.engine.sequence import SamplingParams
+from paged_llm.engine.model.runner import kv_bytes_per_block
 
 from support import make_loaded, tiny_config
 

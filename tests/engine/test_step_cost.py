@@ -8,10 +8,10 @@ import random
 import pytest
 
 from paged_llm.engine.config import SchedulerConfig
-from paged_llm.engine.kv.paged import KVCacheManager
-from paged_llm.engine.scheduler import LONGEST_STEP_SECONDS, Scheduler
-from paged_llm.engine.sequence import Priority, SamplingParams, Sequence
-from paged_llm.engine.step_cost import ATTENTION_UNIT, StepCostModel, StepShape
+from paged_llm.engine.core.kv.paged import KVCacheManager
+from paged_llm.engine.core.scheduler import LONGEST_STEP_SECONDS, Scheduler
+from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.core.step_cost import ATTENTION_UNIT, StepCostModel, StepShape
 
 # The "true" cost of a step: 5 ms, 0.2 ms a token, 0.5 ms a sequence, attention work.
 TRUE = (0.005, 0.0002, 0.0005, 0.001)

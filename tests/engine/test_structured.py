@@ -9,8 +9,8 @@ import re
 import pytest
 import torch
 
+from paged_llm.engine.core.sequence import FinishReason, Priority, SamplingParams
 from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
-from paged_llm.engine.sequence import FinishReason, Priority, SamplingParams
 
 from support import make_engine
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from paged_llm.engine.thread_tuner import FIRST_WAIT, LONGEST_WAIT, PROBE_STEPS, ThreadTuner
+from paged_llm.engine.model.thread_tuner import FIRST_WAIT, LONGEST_WAIT, PROBE_STEPS, ThreadTuner
 
 # Seconds a decode step of one sequence takes on n threads (a 2-core box, bundled model).
 QUIET = {1: 1 / 75, 2: 1 / 113}

@@ -8,9 +8,9 @@ import json
 import pytest
 import xgrammar as xgr
 
+from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.errors import RequestRejected
-from paged_llm.engine.sequence import SamplingParams
-from paged_llm.engine.tool_grammar import (
+from paged_llm.engine.structured.tool_grammar import (
     ToolCallFormat,
     detect_tool_call_format,
     tool_call_structural_tag,

@@ -15,7 +15,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 from pytest_homeassistant_custom_component.typing import ClientSessionGenerator, WebSocketGenerator
 
 from custom_components.paged_llm import card, websocket_api
-from paged_llm.engine.sequence import Priority, SamplingParams
+from paged_llm.engine.core.sequence import Priority, SamplingParams
 
 SUBSCRIBE = "paged_llm/block_map/subscribe"
 

@@ -18,8 +18,8 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 from custom_components.paged_llm.const import DOMAIN
 from custom_components.paged_llm.prompt import format_tool
 from custom_components.paged_llm.tool_calls import parse_tool_calls
-from paged_llm.engine.sequence import SamplingParams
-from paged_llm.engine.tool_grammar import ToolCallFormat, tool_call_structural_tag
+from paged_llm.engine.core.sequence import SamplingParams
+from paged_llm.engine.structured.tool_grammar import ToolCallFormat, tool_call_structural_tag
 
 SWITCH = probatio.Schema({probatio.Required("on"): selector.BooleanSelector()})
 

@@ -16,8 +16,8 @@ from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm.const import DOMAIN
+from paged_llm.engine.core.sequence import FinishReason
 from paged_llm.engine.llm_engine import RequestOutput
-from paged_llm.engine.sequence import FinishReason
 
 
 def _conversation_entity_id(hass: HomeAssistant, entry: MockConfigEntry) -> str:

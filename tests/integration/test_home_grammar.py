@@ -24,8 +24,8 @@ from custom_components.paged_llm.home_grammar import (
 )
 from custom_components.paged_llm.prompt import format_tool
 from custom_components.paged_llm.tool_calls import parse_tool_calls
-from paged_llm.engine.sequence import SamplingParams
-from paged_llm.engine.tool_grammar import ToolCallFormat, tool_call_structural_tag
+from paged_llm.engine.core.sequence import SamplingParams
+from paged_llm.engine.structured.tool_grammar import ToolCallFormat, tool_call_structural_tag
 
 ASSISTANT = conversation.DOMAIN
 

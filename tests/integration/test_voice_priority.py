@@ -13,7 +13,7 @@ from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm.const import DOMAIN
-from paged_llm.engine.sequence import Priority
+from paged_llm.engine.core.sequence import Priority
 
 
 @pytest.fixture

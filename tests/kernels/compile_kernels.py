@@ -15,8 +15,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from paged_llm.kernels import triton_attention, triton_store
-from paged_llm.kernels.triton_config import tile_shape
+from paged_llm.kernels.triton import attention as triton_attention
+from paged_llm.kernels.triton import store as triton_store
+from paged_llm.kernels.triton.config import tile_shape
 
 ELEMENT_SIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
 

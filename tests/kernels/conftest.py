@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_llm.kernels import cpu_attention
+from paged_llm.kernels.cpu import attention as cpu_attention
 
 
 @pytest.fixture(params=["native", "torch"])

@@ -22,7 +22,7 @@ def _table_rows(text: str, header_start: str) -> list[list[str]]:
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_cpu_smoke_prints_both_tables(backend: str, capsys: pytest.CaptureFixture[str]) -> None:
     if backend == "triton":
-        triton_attention = pytest.importorskip("paged_llm.kernels.triton_attention")
+        triton_attention = pytest.importorskip("paged_llm.kernels.triton.attention")
         if not triton_attention.INTERPRETED:
             pytest.skip("needs TRITON_INTERPRET=1 (scripts/test sets it)")
     assert bench.main(["--cpu-smoke", "--backend", backend, "--contexts", "40"]) == 0

@@ -13,7 +13,8 @@ import dataclasses
 import pytest
 import torch
 
-from paged_llm.kernels import PagedAttentionInputs, cpu_attention, dispatch, reference
+from paged_llm.kernels import PagedAttentionInputs, dispatch, reference
+from paged_llm.kernels.cpu import attention as cpu_attention
 
 from kernel_cases import TOLERANCE, AttentionConfig, Step, make_step, mixed_seqs, oracle, rel_err
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from paged_llm.engine.quant import Q4Float32Linear, quantize_q4
-from paged_llm.kernels import cpu_quant, native_build
+from paged_llm.engine.model.quant import Q4Float32Linear, quantize_q4
+from paged_llm.kernels.cpu import native_build
+from paged_llm.kernels.cpu import quant as cpu_quant
 
 pytestmark = pytest.mark.skipif(
     cpu_quant.unavailable() is not None,

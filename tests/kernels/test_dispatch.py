@@ -14,8 +14,8 @@ from paged_llm.kernels import dispatch, reference
 
 from kernel_cases import TOLERANCE, make_step, rel_err
 
-triton_attention = pytest.importorskip("paged_llm.kernels.triton_attention")
-triton_store = pytest.importorskip("paged_llm.kernels.triton_store")
+triton_attention = pytest.importorskip("paged_llm.kernels.triton.attention")
+triton_store = pytest.importorskip("paged_llm.kernels.triton.store")
 needs_interpreter = pytest.mark.skipif(
     not triton_attention.INTERPRETED, reason="needs TRITON_INTERPRET=1 (scripts/test sets it)"
 )

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from paged_llm.kernels import gguf_kernels as gk
+from paged_llm.kernels.cpu import gguf_matmul as gk
 
 from support import CACHE
 

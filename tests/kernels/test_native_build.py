@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from paged_llm.kernels import cpu_attention, cpu_forward, gguf_kernels, native_build
+from paged_llm.kernels.cpu import attention as cpu_attention
+from paged_llm.kernels.cpu import forward as cpu_forward
+from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
+from paged_llm.kernels.cpu import native_build
 
 
 def test_the_forward_includes_both_kernel_sources() -> None:

@@ -8,7 +8,7 @@ import torch
 from paged_llm.kernels import store_kv
 
 try:
-    from paged_llm.kernels import triton_store
+    from paged_llm.kernels.triton import store as triton_store
 except ImportError:  # triton missing: only the torch backend can be checked
     triton_store = None
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from paged_llm.kernels import PagedAttentionInputs, reference
-from paged_llm.kernels.triton_config import tile_shape
+from paged_llm.kernels.triton.config import tile_shape
 
 from kernel_cases import TOLERANCE, AttentionConfig, make_step, mixed_seqs, oracle, rel_err
 
-triton_attention = pytest.importorskip("paged_llm.kernels.triton_attention")
+triton_attention = pytest.importorskip("paged_llm.kernels.triton.attention")
 if not triton_attention.INTERPRETED:
     pytest.skip("run with TRITON_INTERPRET=1 (scripts/test sets it)", allow_module_level=True)
 

@@ -25,7 +25,7 @@ from kernel_cases import (
 )
 
 try:
-    from paged_llm.kernels import triton_attention
+    from paged_llm.kernels.triton import attention as triton_attention
 
     INTERPRETED = bool(triton_attention.INTERPRETED)
 except ImportError:  # pragma: no cover - triton is pinned in the dev requirements

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from paged_llm.client.openai import OpenAIClient
 from paged_llm.engine.config import EngineConfig
-from paged_llm.engine.kv.block_map import BlockMap
+from paged_llm.engine.core.kv.block_map import BlockMap
 from paged_llm.server.app import make_app
 from paged_llm.server.host import EngineHost
 from paged_llm.server.settings import ServerSettings

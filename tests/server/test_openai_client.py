@@ -165,7 +165,7 @@ def test_response_format_is_enforced_or_refused_clearly(
 ) -> None:
     import dataclasses
 
-    from paged_llm.engine.sequence import SamplingParams
+    from paged_llm.engine.core.sequence import SamplingParams
 
     fields = {f.name for f in dataclasses.fields(SamplingParams)}
     request = {"model": MODEL, "messages": HELLO, "max_tokens": 64, "temperature": 0}

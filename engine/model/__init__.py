@@ -1,0 +1,1 @@
+"""Models: loading, GGUF reading, architectures, quantized weights, memory and the runners."""

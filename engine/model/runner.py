@@ -1,0 +1,361 @@
+"""Runs one packed forward pass per step over the paged KV pool, then samples."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from paged_llm.engine.config import KV_CACHE_DTYPES, EngineConfig
+from paged_llm.engine.core.scheduler import SchedulerOutput
+from paged_llm.engine.core.sequence import Sequence
+from paged_llm.engine.model.loader import LoadedModel
+from paged_llm.engine.model.native_forward import NativeForward
+from paged_llm.engine.model.native_model import NativeModel
+from paged_llm.engine.model.thread_tuner import ThreadTuner
+from paged_llm.engine.sample.penalties import apply_penalties
+from paged_llm.engine.sample.sampler import Sampler
+from paged_llm.engine.structured.output import StructuredOutput
+from paged_llm.kernels import (
+    AttentionCall,
+    PagedAttentionInputs,
+    paged_attention,
+    resolve_backend,
+    store_kv,
+)
+
+ATTENTION_NAME = "paged_llm"
+_METADATA_KWARG = "paged_llm_metadata"
+
+
+@dataclass(slots=True, frozen=True)
+class AttentionMetadata:
+    """What every attention layer needs for one packed step: the kernels' inputs and the pool.
+
+    ``inputs`` (block tables, lengths, the step's plan cache) goes, the same object, into
+    each layer's AttentionCall; the slot mapping (only store_kv reads it), the pool and the
+    backend are the runner's.
+    """
+
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    slot_mapping: torch.Tensor
+    inputs: PagedAttentionInputs
+    backend: str | None
+
+
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention for transformers' models: store this step's K/V, then attend through pages.
+
+    transformers hands ``[1, heads, tokens, head_dim]`` tensors (RoPE already applied) for
+    the packed batch; the layer's K/V pool and the step's metadata come in through kwargs.
+    """
+    meta: AttentionMetadata = kwargs[_METADATA_KWARG]
+    key_cache, value_cache = meta.kv_caches[module.layer_idx]  # type: ignore[index]
+    inputs = meta.inputs
+    q = query[0].transpose(0, 1)
+    k = key[0].transpose(0, 1)
+    v = value[0].transpose(0, 1)
+    store_kv(
+        k,
+        v,
+        key_cache,
+        value_cache,
+        meta.slot_mapping,
+        backend=meta.backend,
+        plan_cache=inputs.plan_cache,
+    )
+    scale = float(scaling) if scaling is not None else q.shape[-1] ** -0.5
+    # transformers passes a layer's window (None on full-attention layers, from
+    # config.layer_types) and Gemma 2's attn_logit_softcapping as these kwargs.
+    window = kwargs.get("sliding_window")
+    softcap = kwargs.get("softcap")
+    # One small object per layer (under a microsecond to build): the step's one inputs
+    # with this layer's tensors and options.
+    call = AttentionCall(
+        q,
+        key_cache,
+        value_cache,
+        inputs,
+        scale,
+        sliding_window=int(window) if window is not None else None,
+        softcap=float(softcap) if softcap is not None else None,
+    )
+    out = paged_attention(call, backend=meta.backend)
+    return out.unsqueeze(0), None
+
+
+@functools.cache
+def _register_attention() -> None:
+    """Make paged attention known to transformers by ATTENTION_NAME (once).
+
+    Imported here, not at the top: a model the C forward runs never needs transformers'
+    modeling stack, whose import takes seconds of a start.
+    """
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
+
+
+def kv_geometry(model_config: Any) -> tuple[int, int, int]:
+    """(layers, KV heads, head size) of a transformers config."""
+    heads = int(model_config.num_attention_heads)
+    head_dim = int(getattr(model_config, "head_dim", None) or model_config.hidden_size // heads)
+    kv_heads = int(getattr(model_config, "num_key_value_heads", None) or heads)
+    return int(model_config.num_hidden_layers), kv_heads, head_dim
+
+
+def kv_bytes_per_block(model_config: Any, block_size: int, kv_dtype: torch.dtype) -> int:
+    """Bytes one block of K and V takes across all layers, in the pool's dtype ``kv_dtype``."""
+    layers, kv_heads, head_dim = kv_geometry(model_config)
+    return 2 * layers * block_size * kv_heads * head_dim * torch.finfo(kv_dtype).bits // 8
+
+
+_KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_SIXTEEN_BITS = (torch.float16, torch.bfloat16)
+
+
+def resolve_kv_dtype(
+    setting: str, device: torch.device, model_dtype: torch.dtype, weights: str
+) -> torch.dtype:
+    """The dtype the KV pool holds for a ``kv_cache_dtype`` setting (config.KV_CACHE_DTYPES).
+
+    ``auto`` is float16 on a CPU engine whose float32 model runs quantized weights in place
+    (``weights``, LoadedModel's text, not "float"): the fast path, where a 16-bit pool gives
+    twice the blocks for a budget and halves the bytes a decode reads. Otherwise the model's
+    dtype, so the exact float path keeps its float32 pool and transformers' own tokens, and
+    CUDA (Triton reads the queries' dtype) keeps the model's. An explicit dtype must be the
+    model's, or a 16-bit one under a float32 model on the CPU (the attention widens what it
+    reads to float32); anything else is a ValueError naming the setting.
+    """
+    if setting not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {setting!r}"
+        )
+    on_cpu = device.type == "cpu"
+    if setting == "auto":
+        fast = on_cpu and model_dtype == torch.float32 and not weights.startswith("float")
+        return torch.float16 if fast else model_dtype
+    kv_dtype = _KV_DTYPES[setting]
+    if kv_dtype == model_dtype:
+        return kv_dtype
+    if on_cpu and model_dtype == torch.float32 and kv_dtype in _SIXTEEN_BITS:
+        return kv_dtype
+    model = _name(model_dtype)
+    raise ValueError(
+        f"kv_cache_dtype {setting} cannot serve a {model} model on {device.type}: the KV cache "
+        f"holds the model's dtype ({model}), or float16 or bfloat16 under a float32 model on "
+        "the CPU; use kv_cache_dtype auto"
+    )
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of zeros; on the CPU from calloc, whose pages the OS zeroes on first touch.
+
+    torch.zeros writes every byte: 0.3 s of a start for a 1.6 GB pool, and all of it
+    resident from the start where a pool's blocks fill as requests come.
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    # numpy has no bfloat16; zero bits are 0.0 in every float type
+    words = np.zeros(shape, dtype=np.dtype(f"u{dtype.itemsize}"))
+    return torch.from_numpy(words).view(dtype)
+
+
+def _name(dtype: torch.dtype) -> str:
+    """A dtype as the settings spell it: float16, not torch.float16."""
+    return str(dtype).removeprefix("torch.")
+
+
+def config_kv_dtype(config: EngineConfig, loaded: LoadedModel) -> torch.dtype:
+    """resolve_kv_dtype for an engine's settings and its loaded model."""
+    return resolve_kv_dtype(config.kv_cache_dtype, loaded.device, loaded.dtype, loaded.weights)
+
+
+class ModelRunner:
+    """Owns the model and the KV pool; turns a scheduler output into sampled tokens."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_blocks: int,
+        block_size: int,
+        backend: str | None = None,
+        kv_dtype: torch.dtype | None = None,
+        structured: StructuredOutput | None = None,
+    ) -> None:
+        """Allocate the pool (zeroed, so padding never reads NaN) and switch attention over.
+
+        ``kv_dtype``: what the pool holds, config_kv_dtype(config, loaded) for an engine;
+        None keeps the model's dtype. ``structured`` masks constrained requests' logits
+        (None: no masking).
+        """
+        self.loaded = loaded
+        self.model = loaded.model
+        self.device = loaded.device
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.backend = None if backend in (None, "auto") else backend
+        if kv_dtype is None:
+            kv_dtype = loaded.dtype
+        self.kv_dtype = kv_dtype
+        # For diagnostics beside LoadedModel.attention: what the pool holds, and how it is read.
+        self.kv_cache_text = f"{_name(kv_dtype)} KV cache"
+        if kv_dtype != loaded.dtype:
+            self.kv_cache_text += f", read as {_name(loaded.dtype)}"
+        layers, kv_heads, head_dim = kv_geometry(self.model.config)
+        shape = (num_blocks, block_size, kv_heads, head_dim)
+        self.kv_caches = [
+            (zeroed(shape, kv_dtype, self.device), zeroed(shape, kv_dtype, self.device))
+            for _ in range(layers)
+        ]
+        if not isinstance(self.model, NativeModel):
+            _register_attention()
+            self.model.set_attn_implementation(ATTENTION_NAME)
+        # The engine's own C forward where it runs the model (CPU, GGUF in place), else None
+        # and transformers' forward; tests set it to None to compare the two.
+        self.native: NativeForward | None = None
+        self.forward_text = "transformers' forward"
+        if self.device.type == "cpu":
+            self.native, self.forward_text = NativeForward.of(self.model, self.kv_caches)
+        # The C forward's thread count, chosen from how fast its steps run.
+        self.tuner = ThreadTuner(self.native.max_threads() if self.native is not None else 1)
+        if self.native is None and isinstance(self.model, NativeModel):
+            # The loader builds one only where the C forward runs; it has no other forward.
+            raise RuntimeError(f"a NativeModel cannot run: {self.forward_text}")
+        # How attention runs (for diagnostics): the loader's choice, unless the C forward
+        # runs the whole step.
+        self.attention_text = loaded.attention
+        if self.native is not None:
+            self.attention_text = "C kernels in place (decodes in spans, prompt rows in tiles)"
+        self.sampler = Sampler(self.device)
+        self.structured = structured
+        # Seconds the last step spent in the model's forward pass (benchmarks read it).
+        self.last_forward_s = 0.0
+
+    def execute(
+        self, output: SchedulerOutput, block_tables: list[list[int]]
+    ) -> dict[str, int | Exception]:
+        """Run the step's chunks in one forward pass; return a token per sampling sequence.
+
+        ``block_tables`` holds each chunk's block table, in chunk order. A forward-pass
+        failure raises; a request whose sampling fails gets its exception instead of a token.
+        """
+        chunks = output.chunks
+        if not chunks:
+            return {}
+        bs = self.block_size
+        ids: list[int] = []
+        starts = np.empty(len(chunks), dtype=np.int64)
+        lens = np.empty(len(chunks), dtype=np.int64)
+        for i, chunk in enumerate(chunks):
+            ids.extend(chunk.seq.token_ids[chunk.start : chunk.start + chunk.num_tokens])
+            starts[i] = chunk.start
+            lens[i] = chunk.num_tokens
+        ends = starts + lens
+        cu = np.zeros(len(chunks) + 1, dtype=np.int64)
+        np.cumsum(lens, out=cu[1:])
+        # Absolute position of every packed token: its chunk's start plus its offset.
+        seq_of_token = np.repeat(np.arange(len(chunks)), lens)
+        positions = np.arange(cu[-1]) - cu[:-1][seq_of_token] + starts[seq_of_token]
+        width = max(len(t) for t in block_tables)
+        tables = np.zeros((len(chunks), width), dtype=np.int64)
+        for i, table in enumerate(block_tables):
+            tables[i, : len(table)] = table
+        slots = tables[seq_of_token, positions // bs] * bs + positions % bs
+
+        sample_rows = [i for i, chunk in enumerate(chunks) if chunk.samples]
+        # The rows whose logits are needed: each sampling chunk's last token (a step that
+        # samples nothing still runs its forward pass for the K/V it stores).
+        keep = cu[1:][sample_rows] - 1 if sample_rows else cu[1:2] - 1
+        dev = self.device
+        # Steps that only decode compare by their number of sequences; others not at all.
+        shape = len(chunks) if all(chunk.num_tokens == 1 for chunk in chunks) else None
+        threads = self.tuner.pick(shape)
+        with torch.inference_mode():
+            started = time.perf_counter()
+            if self.native is not None:
+                logits = self.native.forward(
+                    torch.tensor(ids),
+                    torch.from_numpy(positions),
+                    torch.from_numpy(seq_of_token),
+                    torch.from_numpy(slots),
+                    torch.from_numpy(tables.astype(np.int32)),
+                    torch.from_numpy(keep),
+                    threads,
+                )
+            else:
+                inputs = PagedAttentionInputs(
+                    block_tables=torch.from_numpy(tables.astype(np.int32)).to(dev),
+                    context_lens=torch.from_numpy(ends.astype(np.int32)).to(dev),
+                    query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
+                    max_query_len=int(lens.max()),
+                    max_context_len=int(ends.max()),
+                    # The torch path's plans, worked out by the first layer for all of them.
+                    plan_cache={},
+                )
+                meta = AttentionMetadata(
+                    kv_caches=self.kv_caches,
+                    slot_mapping=torch.from_numpy(slots).to(dev),
+                    inputs=inputs,
+                    # Resolved once here rather than in each of the layers' two kernel calls.
+                    backend=resolve_backend(dev, self.backend),
+                )
+                logits = self.model(
+                    input_ids=torch.tensor([ids], device=dev),
+                    position_ids=torch.from_numpy(positions).unsqueeze(0).to(dev),
+                    use_cache=False,
+                    logits_to_keep=torch.from_numpy(keep).to(dev),
+                    **{_METADATA_KWARG: meta},
+                ).logits[0]
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            self.last_forward_s = time.perf_counter() - started
+            self.tuner.record(shape, threads, self.last_forward_s)
+            if not sample_rows:
+                return {}
+            seqs = [chunks[i].seq for i in sample_rows]
+            apply_penalties(logits, seqs)
+            failed = self._apply_grammars(logits, seqs)
+            tokens: list[int | Exception]
+            try:
+                tokens = list(self.sampler.sample(logits, seqs))
+            except Exception:
+                # One request broke the batch: sample row by row so only it fails.
+                tokens = self.sampler.sample_each(logits, seqs)
+            for row, err in failed.items():
+                tokens[row] = err
+        return {seq.request_id: tok for seq, tok in zip(seqs, tokens, strict=True)}
+
+    def _apply_grammars(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, Exception]:
+        """Mask the constrained rows; return the rows whose grammar failed, with the error."""
+        if self.structured is None:
+            return {}
+        try:
+            self.structured.apply(logits, seqs)
+            return {}
+        except Exception:
+            # One request's grammar broke the batch: mask row by row so only it fails.
+            failed: dict[int, Exception] = {}
+            for row, seq in enumerate(seqs):
+                try:
+                    self.structured.apply(logits[row : row + 1], [seq])
+                except Exception as err:
+                    failed[row] = err
+            return failed
+
+    def release(self, request_id: str) -> None:
+        """Forget per-request sampler state (its seeded generator)."""
+        self.sampler.release(request_id)

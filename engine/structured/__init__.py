@@ -1,0 +1,1 @@
+"""Structured output: grammars, JSON bounds, tool-call formats, closing an answer in time."""

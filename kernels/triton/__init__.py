@@ -1,0 +1,1 @@
+"""The Triton kernels for CUDA devices: paged attention and the KV store."""
