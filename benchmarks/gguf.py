@@ -538,7 +538,7 @@ def main(argv: list[str] | None = None) -> None:
     if binary is None:
         raise SystemExit(skip_reason())
     if args.bundled:
-        from paged_llm.protocol.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
+        from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
 
         bundled = bundled_gguf(DEFAULT_MODEL.removeprefix(BUNDLED_PREFIX))
         files = {(BUNDLED_SHAPE.key, "Q4_1"): bundled}

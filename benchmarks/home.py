@@ -68,7 +68,7 @@ def run_llama_cpp(workload: list[Any], rounds: int) -> dict[str, Any]:
     Built from the llama-cpp-python sdist on first use (benchmarks/llama_cpp.py); skipped with
     a line saying why when cmake or a C++ compiler is missing or the build fails.
     """
-    from paged_llm.protocol.defaults import BUNDLED_PREFIX, bundled_gguf
+    from paged_llm.defaults import BUNDLED_PREFIX, bundled_gguf
 
     try:
         binary = build_server()

@@ -77,7 +77,7 @@ from custom_components.paged_llm.const import (
     SUBENTRY_CONVERSATION,
 )
 from custom_components.paged_llm.home_grammar import TIMER_INTENTS, targets_home
-from paged_llm.protocol.defaults import DEFAULT_MODEL
+from paged_llm.defaults import DEFAULT_MODEL
 
 from . import ROOT, argument_parser
 from .machine import cpu_name

@@ -6,8 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paged_llm.defaults import DEFAULT_MODEL, WEIGHT_CHOICES
 from paged_llm.engine.structured.json_bounds import JsonBounds
-from paged_llm.protocol.defaults import DEFAULT_MODEL, WEIGHT_CHOICES
 
 __all__ = [
     "DEFAULT_MODEL",

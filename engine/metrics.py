@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from paged_llm.engine.core.sequence import Sequence
+from paged_llm.metric_windows import THROUGHPUT_WINDOW_S, LatencyWindows, RateWindow
 from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot, Percentiles, percentiles
-from paged_llm.protocol.windows import THROUGHPUT_WINDOW_S, LatencyWindows, RateWindow
 
 __all__ = ["EngineState", "MetricsRecorder", "MetricsSnapshot", "Percentiles", "percentiles"]
 

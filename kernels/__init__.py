@@ -8,7 +8,7 @@ process-wide (`set_backend`, `use_backend`) or through $PAGED_LLM_ATTENTION_BACK
 Triton is imported only when used.
 """
 
-from paged_llm.protocol.requirements import require_engine_extra
+from paged_llm.extras import require_engine_extra
 
 require_engine_extra(__name__, ("torch",))
 

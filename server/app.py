@@ -11,8 +11,8 @@ from aiohttp import web
 
 from paged_llm.protocol.errors import ApiError, error_body
 
+from .app_keys import HOST, METRICS, SETTINGS
 from .host import EngineHost
-from .keys import HOST, METRICS, SETTINGS
 from .metrics import ServerMetrics
 from .routes import add_routes
 from .settings import ServerSettings

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from paged_llm.protocol.defaults import DEFAULT_MODEL, WEIGHT_CHOICES
+from paged_llm.defaults import DEFAULT_MODEL, WEIGHT_CHOICES
+from paged_llm.extras import EngineExtraMissing, require_engine_extra
 from paged_llm.protocol.priority import PRIORITY_NAMES
-from paged_llm.protocol.requirements import EngineExtraMissing, require_engine_extra
 
 from .settings import API_KEY_ENV, DEFAULT_BODY_LIMIT, DEFAULT_HOST, DEFAULT_PORT, ServerSettings
 

@@ -32,9 +32,9 @@ from paged_llm.protocol.responses import (
 from paged_llm.protocol.tool_calls import ToolCallStream
 
 from . import sse
+from .app_keys import HOST, METRICS
 from .generation import run, sampling_params, tokenize
 from .host import EngineHost, HostState
-from .keys import HOST, METRICS
 from .metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
-from paged_llm.protocol.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
+from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
 
 from .options import AddonError, human
 

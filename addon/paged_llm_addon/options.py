@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from paged_llm.protocol.defaults import WEIGHT_CHOICES
+from paged_llm.defaults import WEIGHT_CHOICES
 from paged_llm.server.cli import parse_size
 from paged_llm.server.settings import DEFAULT_PORT
 

@@ -53,8 +53,8 @@ from paged_llm.client import (
     ClientError,
     OpenAIClient,
 )
-from paged_llm.protocol.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
-from paged_llm.protocol.requirements import ENGINE_EXTRA
+from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
+from paged_llm.extras import ENGINE_EXTRA
 
 from .addon import CONF_ADDON, addon_unique_id, discovered_data
 from .const import (

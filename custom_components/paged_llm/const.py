@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from paged_llm.protocol.defaults import WEIGHT_CHOICES
+from paged_llm.defaults import WEIGHT_CHOICES
 from paged_llm.protocol.priority import PRIORITY_NAMES, Priority
 
 DOMAIN: Final = "paged_llm"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from homeassistant.const import CONF_DEVICE, CONF_MODEL
 from homeassistant.core import HomeAssistant
 
-from paged_llm.protocol.defaults import DEFAULT_MODEL
+from paged_llm.defaults import DEFAULT_MODEL
 from paged_llm.protocol.snapshot import MetricsSnapshot
 
 from .backend import BackendError, Delta, Sampling

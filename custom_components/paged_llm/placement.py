@@ -12,7 +12,7 @@ from importlib import metadata
 from homeassistant.core import HomeAssistant
 from homeassistant.requirements import async_process_requirements
 
-from paged_llm.protocol.requirements import ENGINE_EXTRA
+from paged_llm.extras import ENGINE_EXTRA
 
 from .const import DOMAIN
 from .embedded import EngineImportError, TorchUnavailableError, import_engine_module

@@ -24,9 +24,9 @@ from paged_llm.client import (
     ServerError,
     chat_request,
 )
+from paged_llm.metric_windows import LatencyWindows, RateWindow
 from paged_llm.protocol.priority import to_vllm
 from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot
-from paged_llm.protocol.windows import LatencyWindows, RateWindow
 
 from .backend import BackendError, Delta, Sampling
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from paged_llm.defaults import BUNDLED_PREFIX, bundled_gguf
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model.architectures import check_supported, exact_context
@@ -20,7 +21,6 @@ from paged_llm.engine.model.memory import fit_dtype
 from paged_llm.engine.model.quant import Q4Float32Linear, WeightFormat, quantize_model
 from paged_llm.kernels.cpu import attention as cpu_attention
 from paged_llm.kernels.cpu import quant as cpu_quant
-from paged_llm.protocol.defaults import BUNDLED_PREFIX, bundled_gguf
 
 _LOGGER = logging.getLogger(__name__)
 

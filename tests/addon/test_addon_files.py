@@ -18,7 +18,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from paged_llm.protocol.defaults import WEIGHT_CHOICES
+from paged_llm.defaults import WEIGHT_CHOICES
 from paged_llm_addon.options import Options, parse_options
 from paged_llm_addon.supervisor import SERVICE
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from paged_llm.protocol.defaults import DEFAULT_MODEL, bundled_gguf
+from paged_llm.defaults import DEFAULT_MODEL, bundled_gguf
 from paged_llm_addon.command import Plan, api_key, build_plan
 from paged_llm_addon.model import locate_model
 from paged_llm_addon.options import (

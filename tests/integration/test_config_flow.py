@@ -20,8 +20,8 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm.config_flow import chosen_model, form_values
 from custom_components.paged_llm.const import DOMAIN
+from paged_llm.defaults import DEFAULT_MODEL
 from paged_llm.engine.async_engine import AsyncEngine
-from paged_llm.protocol.defaults import DEFAULT_MODEL
 
 pytestmark = pytest.mark.usefixtures("ha_core")
 

@@ -17,9 +17,9 @@ from test_config_flow import _user_flow
 
 from custom_components.paged_llm.config_flow import BUNDLED_LABEL, model_label
 from custom_components.paged_llm.const import DEFAULT_CONVERSATION_NAME
+from paged_llm.defaults import DEFAULT_MODEL
 from paged_llm.engine import async_engine
 from paged_llm.engine.model.runner import kv_bytes_per_block
-from paged_llm.protocol.defaults import DEFAULT_MODEL
 
 pytestmark = pytest.mark.usefixtures("ha_core")
 STRINGS = json.loads(

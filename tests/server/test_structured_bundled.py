@@ -19,7 +19,7 @@ import pytest
 import xgrammar as xg
 from xgrammar.testing import _is_grammar_accept_string as accepts
 
-from paged_llm.protocol.defaults import DEFAULT_MODEL
+from paged_llm.defaults import DEFAULT_MODEL
 
 from server_process import API_KEY, ServerProcess, start_server
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from .priority import Priority, parse_priority
-from .snapshot import Percentiles, percentiles
+from paged_llm.protocol.priority import Priority, parse_priority
+from paged_llm.protocol.snapshot import Percentiles, percentiles
 
 # Latencies: the last this many requests of each class.
 WINDOW_REQUESTS = 256
