@@ -1,0 +1,1 @@
+"""Tokenizers and chat templates read from a model file, without transformers."""
