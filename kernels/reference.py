@@ -3,9 +3,8 @@
 CPU speed matters here: this is what every Home Assistant box without a GPU runs. In
 float32 the decoding sequences go to the C kernel (cpu_attention.py), which reads the
 blocks in place, where it builds. Otherwise they are sorted by context length and batched
-in chunks whose gathered K/V stay about cache-sized, one SDPA call per chunk (measured
-against one batch padded to the longest context: 1.3x faster in bf16, 3x in fp32; against
-one call per sequence: 2x and 1.5x).
+in chunks whose gathered K/V stay about cache-sized, one SDPA call per chunk (faster than
+one batch padded to the longest context, and than one call per sequence).
 Each prefill chunk is one SDPA call with a causal mask offset by its starting position.
 A sliding window (a key is visible while query position - key position < window, as in
 transformers' masks) gathers only the blocks inside the window; soft-capping (Gemma 2:
@@ -26,7 +25,8 @@ import torch.nn.functional as F
 from paged_llm.kernels.cpu import attention as cpu_attention
 from paged_llm.kernels.inputs import AttentionCall, PlanCache
 
-# Bytes of gathered keys per decode chunk: 2-4 MiB measured fastest on a 2-core Zen 4 VM.
+# Bytes of gathered keys per decode chunk: about what a core's cache holds (the size tried
+# fastest).
 DECODE_CHUNK_BYTES = 2 << 20
 
 

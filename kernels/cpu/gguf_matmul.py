@@ -1,7 +1,7 @@
 """GGUF weight matrices times float32 activations on the CPU, in the file's own blocks.
 
 Forming float32 weights from 4-bit codes and multiplying in float32 (cpu_quant.py) reads
-few bytes but does a float multiply-add per weight, and decodes at a quarter of llama.cpp's
+few bytes but does a float multiply-add per weight, and decodes well below llama.cpp's
 speed. These kernels (gguf_kernels.c) do what llama.cpp does: the weights stay in GGUF's
 blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; F16, BF16 and F32 converted on the
 fly), the activations are quantized per block to 8 bits, and each block's dot product is

@@ -6,8 +6,9 @@ the compiler and the CPU, so a build is made once and never loaded on a CPU it w
 made for. Loading says why it could not happen instead of raising: the engine then takes
 its torch path.
 
-cpu_forward.c includes gguf_kernels.c and cpu_attention.c, so its one library exports
-every function of the two: :func:`forward` builds it once per process and the three
+cpu_forward.c includes gguf_kernels.c (with the header and the portable and per-arch
+files it is made of, src/arch/) and cpu_attention.c, so its one library exports every
+function of the two: :func:`forward` builds it once per process and the three
 modules take their functions from it. A first start then compiles that code once, not
 three times (seconds each on a small machine).
 """
@@ -190,8 +191,8 @@ def included(source: Path) -> list[Path]:
             continue
         seen.append(path)
         for line in path.read_text().splitlines():
-            if line.startswith('#include "'):
-                todo.append(path.with_name(line.split('"')[1]))
+            if line.startswith('#include "'):  # relative to the including file, as cc reads it
+                todo.append((path.parent / line.split('"')[1]).resolve())
     return seen
 
 

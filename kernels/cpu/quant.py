@@ -1,12 +1,20 @@
 """GGUF's 4-bit and 8-bit weights times float32 activations on the CPU (cpu_quant.c).
 
-torch's own int4 CPU kernel is fast only with bf16 activations (20-30x slower than dense
+torch's own int4 CPU kernel is fast only with bf16 activations (far slower than dense
 float32 otherwise), and bf16 changes the model's answers. These kernels multiply the very
 float32 weights a dense model holds, formed group by group from their codes, so only the
 summation order differs, while a decode step reads 6 (or 9) bits per weight instead of
 32. The C source is built with the machine's C compiler (native_build.py); :func:`unavailable`
 says why it cannot be used. Nothing here is needed where it cannot build: the engine stays
 dense.
+
+Why two quantized matmuls: this one serves a dense model quantized at load
+(engine/model/quant.py's ``q4`` layers in float32) and keeps their promise, the dense float32
+product of exactly the dequantized weights up to summation order. gguf_matmul.py reads a
+GGUF file's own blocks, with fp16 block scales and the activations quantized to 8 bits as
+llama.cpp does, so it cannot give those float32 weights' product bit for bit (its float
+types could, at 32 bits a weight); the two become one only if the at-load format moves to
+GGUF's blocks and llama.cpp's numerics, a change of answers rather than a move.
 """
 
 from __future__ import annotations

@@ -194,3 +194,35 @@ def mixed_seqs(block_size: int, long_ctx: int = 300) -> list[tuple[int, int]]:
         (long_ctx // 2 + 3, 19),  # chunk starting mid-sequence, mid-block
         (b + 1, 1),
     ]
+
+
+def window_seqs(block_size: int) -> list[tuple[int, int]]:
+    """Mixed decodes and prefills plus chunks that start mid-sequence across a window edge."""
+    return [*mixed_seqs(block_size, long_ctx=260), (200, 45), (131, 2), (70, 70)]
+
+
+def in_pool(step: Step, kv_dtype: torch.dtype) -> Step:
+    """The step with its pool rounded to ``kv_dtype``; the queries keep their dtype.
+
+    The oracle then reads the pool's own values, widened to float64: rounding to 16 bits
+    is the pool's choice, and a kernel must add nothing beyond its own arithmetic to it.
+    """
+    keys, values = step.key_cache.to(kv_dtype), step.value_cache.to(kv_dtype)
+    return dataclasses.replace(step, key_cache=keys, value_cache=values)
+
+
+# float32 queries over long contexts: head sizes 16..256, groups of 1..40 query heads, blocks
+# smaller and larger than the C kernel's 16-key steps, contexts over several of its 256-key
+# spans. Its work items take up to 32 query heads: 48 heads in groups of 4 split between
+# items, a group of 40 within one.
+LONG_CONFIGS = [
+    AttentionConfig(torch.float32, 64, 16, 3, 3, "packed"),
+    AttentionConfig(torch.float32, 128, 32, 8, 1, "fused"),
+    AttentionConfig(torch.float32, 16, 8, 1, 2, "heads_first"),
+    AttentionConfig(torch.float32, 256, 64, 2, 1, "packed"),
+    AttentionConfig(torch.float32, 32, 16, 4, 2, "packed"),
+    AttentionConfig(torch.float32, 64, 16, 4, 12, "packed"),
+    AttentionConfig(torch.float32, 32, 16, 40, 1, "packed"),
+]
+# Decodes around the C kernel's 256-key spans and over several, and prefill chunks.
+LONG = [(1, 1), (255, 1), (256, 1), (257, 1), (1100, 1), (40, 40), (700, 12), (3, 1)]

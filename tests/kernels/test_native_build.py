@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,28 @@ from paged_llm.kernels.cpu import forward as cpu_forward
 from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
 from paged_llm.kernels.cpu import native_build
 
+# The C files under src/ that are not part of the forward's library.
+APART = {"cpu_quant.c", "gguf_kernels_test.c"}
 
-def test_the_forward_includes_both_kernel_sources() -> None:
-    assert set(native_build.included(native_build.FORWARD_SOURCE)) == {
-        p.resolve() for p in (cpu_forward.SOURCE, cpu_attention.SOURCE, gguf_kernels.SOURCE)
-    }
+
+def test_the_forward_includes_every_kernel_source() -> None:
+    """Its build key sees every file the kernels are made of: a change to any rebuilds it."""
+    src = native_build.FORWARD_SOURCE.parent
+    parts = {p.resolve() for p in src.rglob("*.[ch]") if p.name not in APART}
+    assert {cpu_forward.SOURCE, cpu_attention.SOURCE, gguf_kernels.SOURCE} <= parts
+    assert {src / "gguf_kernels.h", src / "arch/x86/gguf_avx2.c"} <= parts
+    assert set(native_build.included(native_build.FORWARD_SOURCE)) == parts
+
+
+def test_the_package_ships_every_kernel_source() -> None:
+    """pyproject.toml's package data names every file the builds read (arch/ folders too)."""
+    root = Path(__file__).parents[2]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    globs = data["package-data"]["paged_llm.kernels.cpu"]
+    package = native_build.FORWARD_SOURCE.parents[1]
+    shipped = {p.resolve() for pattern in globs for p in package.glob(pattern)}
+    src = native_build.FORWARD_SOURCE.parent
+    assert {p.resolve() for p in src.rglob("*.[ch]")} <= shipped
 
 
 @pytest.mark.skipif(

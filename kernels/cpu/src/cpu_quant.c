@@ -12,6 +12,11 @@
  * its own accumulators (two of 16 lanes, or one of 8); elsewhere portable C that compilers
  * vectorise with -march=native (ARM64) sums in 32 lanes. The sums, and so the last bits,
  * differ between these paths, never between calls on one machine.
+ *
+ * Not gguf_kernels.c: this serves a dense model quantized at load (engine/model/quant.py's
+ * q4 layers in float32) and promises its dense float32 product of exactly the dequantized
+ * weights; gguf_kernels.c reads a GGUF file's own blocks (fp16 scales) against activations
+ * quantized to 8 bits, as llama.cpp does, so it cannot give those products bit for bit.
  */
 #include <math.h>
 #include <stddef.h>
@@ -215,8 +220,7 @@ static inline __attribute__((always_inline)) void single(int O, const float *x, 
             acc[j][c] = vzero();
     const int64_t groups = k / GROUP;
     /* Ask for the codes of the outputs 2 * SINGLE ahead early, a cache line at a time: one
-     * row's work per byte is too little for the hardware prefetcher to keep ahead of it
-     * (measured: 6 against 9 G weights/s). */
+     * row's work per byte is too little for the hardware prefetcher to keep ahead of it. */
     const int64_t bytes = zero ? GROUP / 2 : GROUP;
     const uint8_t *next = (const uint8_t *)codes + (o + 2 * SINGLE) * groups * bytes;
     for (int64_t g = 0; g < groups; g++) {
