@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from homeassistant.const import (
     CONF_API_KEY,
     CONF_MODEL,
@@ -18,13 +16,11 @@ from homeassistant.helpers import config_validation as cv
 from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.typing import ConfigType
-from homeassistant.helpers.update_coordinator import DataUpdateCoordinator, UpdateFailed
 
 from paged_llm.client import AuthenticationError, CannotConnectError, ClientError, OpenAIClient
-from paged_llm.protocol.snapshot import MetricsSnapshot
 
 from .addon import async_server_reachable, async_server_unreachable, async_track_addon
-from .backend import Backend, BackendError
+from .backend import Backend
 from .card import async_register_card
 from .const import (
     BACKEND_REMOTE,
@@ -34,9 +30,18 @@ from .const import (
     DEFAULT_TIMEOUT_S,
     DOMAIN,
     LOGGER,
-    REMOTE_METRICS_INTERVAL_S,
 )
+from .coordinator import PagedLLMCoordinator
+from .embedded import EmbeddedBackend
+from .engine_config import engine_config
+from .engine_import import async_import_engine
 from .entity import engine_device_info
+from .errors import (
+    EngineImportError,
+    TorchUnavailableError,
+    is_transient_load_error,
+    load_error_key,
+)
 from .remote import RemoteBackend
 from .runtime import (
     PagedLLMConfigEntry,
@@ -71,16 +76,6 @@ async def async_setup(hass: HomeAssistant, config: ConfigType) -> bool:
 
 async def _async_start_embedded(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> Backend:
     """Start the entry's engine (model load and KV pool off the event loop)."""
-    from .embedded import (
-        EmbeddedBackend,
-        EngineImportError,
-        TorchUnavailableError,
-        async_import_engine,
-        engine_config,
-        is_transient_load_error,
-        load_error_key,
-    )
-
     try:
         module = await async_import_engine(hass)
     except (TorchUnavailableError, EngineImportError) as err:
@@ -171,36 +166,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
     else:
         backend = await _async_start_embedded(hass, entry)
 
-    async def _async_latest_metrics() -> MetricsSnapshot:
-        """A fresh snapshot: the server is asked; the engine pushes, so this reads its last."""
-        try:
-            return await backend.async_refresh_metrics()
-        except BackendError as err:
-            if err.key == "server_auth_failed":
-                # The server's key changed while the entry ran: ask for the new one.
-                raise ConfigEntryAuthFailed(
-                    translation_domain=DOMAIN,
-                    translation_key=err.key,
-                    translation_placeholders={"reason": err.reason},
-                ) from err
-            # A server away or loading is no failure (the backend logs it once); anything
-            # else the coordinator logs once and marks the sensors unavailable.
-            raise UpdateFailed(
-                translation_domain=DOMAIN,
-                translation_key=err.key,
-                translation_placeholders={"reason": err.reason, **err.placeholders},
-            ) from err
-
-    # Its own logger: a debug line per pushed snapshot would drown the integration's log.
-    coordinator: DataUpdateCoordinator[MetricsSnapshot] = DataUpdateCoordinator(
-        hass,
-        LOGGER.getChild("metrics"),
-        config_entry=entry,
-        name=f"{DOMAIN} {entry.title}",
-        # A server is polled; the embedded engine pushes.
-        update_interval=timedelta(seconds=REMOTE_METRICS_INTERVAL_S) if remote else None,
-        update_method=_async_latest_metrics,
-    )
+    coordinator = PagedLLMCoordinator(hass, entry, backend, remote=remote)
     if remote:
         await coordinator.async_config_entry_first_refresh()
     else:

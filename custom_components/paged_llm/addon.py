@@ -17,13 +17,13 @@ from homeassistant.const import (
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.helpers import issue_registry as ir
 from homeassistant.helpers.service_info.hassio import HassioServiceInfo
-from homeassistant.helpers.update_coordinator import DataUpdateCoordinator
 from homeassistant.util.hass_dict import HassKey
 
-from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot
+from paged_llm.protocol.snapshot import EngineState
 
 from .backend import Backend
 from .const import BACKEND_REMOTE, CONF_BACKEND, DEFAULT_TIMEOUT_S, DOMAIN
+from .coordinator import PagedLLMCoordinator
 
 if TYPE_CHECKING:
     from .runtime import PagedLLMConfigEntry
@@ -96,7 +96,7 @@ def async_server_reachable(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> N
 def async_track_addon(
     hass: HomeAssistant,
     entry: PagedLLMConfigEntry,
-    coordinator: DataUpdateCoordinator[MetricsSnapshot],
+    coordinator: PagedLLMCoordinator,
     backend: Backend,
 ) -> Callable[[], None]:
     """Follow an add-on entry's server through the metrics poll; returns the unsubscribe."""

@@ -67,6 +67,7 @@ class BackendError(Exception):
         restart: bool = False,
         placeholders: Mapping[str, str] | None = None,
     ) -> None:
+        """Name the failure by ``key``; ``reason`` is also the exception's message."""
         super().__init__(reason)
         self.key = key
         self.reason = reason

@@ -11,7 +11,8 @@ from homeassistant.exceptions import HomeAssistantError
 
 from .backend import BackendError, Delta, Sampling
 from .const import DOMAIN, LOGGER
-from .runtime import PagedLLMConfigEntry, ha_error
+from .errors import ha_error
+from .runtime import PagedLLMConfigEntry
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, override
 
@@ -29,22 +29,7 @@ from homeassistant.const import (
     CONF_URL,
 )
 from homeassistant.core import HomeAssistant, callback
-from homeassistant.helpers import llm
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
-from homeassistant.helpers.selector import (
-    BooleanSelector,
-    NumberSelector,
-    NumberSelectorConfig,
-    NumberSelectorMode,
-    SelectOptionDict,
-    SelectSelector,
-    SelectSelectorConfig,
-    SelectSelectorMode,
-    TemplateSelector,
-    TextSelector,
-    TextSelectorConfig,
-    TextSelectorType,
-)
 from homeassistant.helpers.service_info.hassio import HassioServiceInfo
 
 from paged_llm.client import (
@@ -60,7 +45,6 @@ from .addon import CONF_ADDON, addon_unique_id, discovered_data
 from .const import (
     BACKEND_EMBEDDED,
     BACKEND_REMOTE,
-    BLOCK_SIZES,
     CONF_BACKEND,
     CONF_BLOCK_SIZE,
     CONF_CUSTOM_MODEL,
@@ -76,46 +60,37 @@ from .const import (
     CONF_THINK,
     CONF_WEIGHTS,
     DEFAULT_AI_TASK_NAME,
-    DEFAULT_BLOCK_SIZE,
     DEFAULT_CONVERSATION_NAME,
-    DEFAULT_DEVICE,
-    DEFAULT_DTYPE,
     DEFAULT_HOME_GRAMMAR,
     DEFAULT_IDLE_UNLOAD_MIN,
-    DEFAULT_KV_BUDGET_MIB,
     DEFAULT_MAX_HISTORY,
     DEFAULT_MAX_MODEL_LEN,
-    DEFAULT_MAX_NUM_SEQS,
     DEFAULT_MAX_TOKENS,
-    DEFAULT_SERVER_URL,
     DEFAULT_TEMPERATURE,
     DEFAULT_THINK,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WEIGHTS,
-    DEVICES,
     DOMAIN,
-    DTYPES,
     LOGGER,
-    MAX_KV_BUDGET_MIB,
-    MAX_MAX_TOKENS,
     MODEL_BUNDLED,
-    MODEL_OTHER,
     SUBENTRY_AI_TASK,
     SUBENTRY_CONVERSATION,
-    WEIGHTS,
 )
-from .embedded import (
-    EmbeddedBackend,
-    EngineImportError,
-    TorchUnavailableError,
-    async_import_engine,
-    engine_config,
-    load_error_key,
-    normalize_model,
-)
-from .placement import EngineState, async_install_engine, engine_state
+from .embedded import EmbeddedBackend
+from .engine_config import engine_config, normalize_model
+from .engine_import import EngineState, async_import_engine, engine_state
+from .engine_install import async_install_engine
+from .errors import EngineImportError, TorchUnavailableError, load_error_key
 from .prompt import DEFAULT_INSTRUCTIONS
 from .runtime import hand_over_backend
+from .schemas import (
+    agent_option_schema,
+    backend_schema,
+    engine_schema,
+    reauth_schema,
+    server_model_schema,
+    server_schema,
+)
 
 if TYPE_CHECKING:
     from .runtime import PagedLLMConfigEntry
@@ -135,100 +110,6 @@ RECOMMENDED_AI_TASK_OPTIONS: dict[str, Any] = {
     CONF_MAX_TOKENS: DEFAULT_MAX_TOKENS,
     CONF_TEMPERATURE: DEFAULT_TEMPERATURE,
 }
-ENGINE_DEFAULTS: dict[str, Any] = {
-    CONF_MODEL: DEFAULT_MODEL,
-    CONF_DEVICE: DEFAULT_DEVICE,
-    CONF_DTYPE: DEFAULT_DTYPE,
-    CONF_WEIGHTS: DEFAULT_WEIGHTS,
-    CONF_KV_BUDGET_MIB: DEFAULT_KV_BUDGET_MIB,
-    CONF_BLOCK_SIZE: str(DEFAULT_BLOCK_SIZE),
-    CONF_MAX_NUM_SEQS: DEFAULT_MAX_NUM_SEQS,
-    CONF_MAX_MODEL_LEN: DEFAULT_MAX_MODEL_LEN,
-    CONF_IDLE_UNLOAD_MIN: DEFAULT_IDLE_UNLOAD_MIN,
-}
-
-
-def engine_schema(defaults: Mapping[str, Any], with_model: bool) -> probatio.Schema:
-    """The engine settings form; the model is fixed once an entry exists (one entry per model)."""
-    values = form_values(defaults)
-    schema: dict[Any, Any] = {}
-    if with_model:
-        # A fixed list, not a combo box: the browser then shows the option's name, where a
-        # combo box shows the raw value ("bundled:…") once something is chosen.
-        schema[probatio.Required(CONF_MODEL, default=values[CONF_MODEL])] = SelectSelector(
-            SelectSelectorConfig(
-                options=[MODEL_BUNDLED, MODEL_OTHER],
-                translation_key=CONF_MODEL,
-                mode=SelectSelectorMode.DROPDOWN,
-            )
-        )
-        schema[
-            probatio.Optional(
-                CONF_CUSTOM_MODEL, description={"suggested_value": values[CONF_CUSTOM_MODEL]}
-            )
-        ] = TextSelector()
-    schema.update(
-        {
-            probatio.Required(CONF_DEVICE, default=values[CONF_DEVICE]): SelectSelector(
-                SelectSelectorConfig(
-                    options=list(DEVICES),
-                    translation_key=CONF_DEVICE,
-                    mode=SelectSelectorMode.DROPDOWN,
-                )
-            ),
-            probatio.Required(CONF_DTYPE, default=values[CONF_DTYPE]): SelectSelector(
-                SelectSelectorConfig(
-                    options=list(DTYPES),
-                    translation_key=CONF_DTYPE,
-                    mode=SelectSelectorMode.DROPDOWN,
-                )
-            ),
-            probatio.Required(CONF_WEIGHTS, default=values[CONF_WEIGHTS]): SelectSelector(
-                SelectSelectorConfig(
-                    options=list(WEIGHTS),
-                    translation_key=CONF_WEIGHTS,
-                    mode=SelectSelectorMode.DROPDOWN,
-                )
-            ),
-            probatio.Required(
-                CONF_KV_BUDGET_MIB, default=values[CONF_KV_BUDGET_MIB]
-            ): NumberSelector(
-                NumberSelectorConfig(
-                    min=1,
-                    max=MAX_KV_BUDGET_MIB,
-                    step=1,
-                    unit_of_measurement="MiB",
-                    mode=NumberSelectorMode.BOX,
-                )
-            ),
-            probatio.Required(CONF_BLOCK_SIZE, default=values[CONF_BLOCK_SIZE]): SelectSelector(
-                SelectSelectorConfig(
-                    options=[str(size) for size in BLOCK_SIZES],
-                    mode=SelectSelectorMode.DROPDOWN,
-                )
-            ),
-            probatio.Required(CONF_MAX_NUM_SEQS, default=values[CONF_MAX_NUM_SEQS]): NumberSelector(
-                NumberSelectorConfig(min=1, max=1024, step=1, mode=NumberSelectorMode.BOX)
-            ),
-            probatio.Required(
-                CONF_MAX_MODEL_LEN, default=values[CONF_MAX_MODEL_LEN]
-            ): NumberSelector(
-                NumberSelectorConfig(min=0, max=2**20, step=1, mode=NumberSelectorMode.BOX)
-            ),
-            probatio.Required(
-                CONF_IDLE_UNLOAD_MIN, default=values[CONF_IDLE_UNLOAD_MIN]
-            ): NumberSelector(
-                NumberSelectorConfig(
-                    min=0,
-                    max=24 * 60,
-                    step=1,
-                    unit_of_measurement="min",
-                    mode=NumberSelectorMode.BOX,
-                )
-            ),
-        }
-    )
-    return probatio.Schema(schema)
 
 
 def coerce_engine_input(user_input: Mapping[str, Any]) -> dict[str, Any]:
@@ -260,16 +141,6 @@ def chosen_model(user_input: Mapping[str, Any]) -> str:
     if not typed:
         raise NoModelTypedError
     return normalize_model(typed)
-
-
-def form_values(data: Mapping[str, Any]) -> dict[str, Any]:
-    """Entry data as the form shows it (selects of strings; the model split in two fields)."""
-    values = {**ENGINE_DEFAULTS, **data}
-    values[CONF_BLOCK_SIZE] = str(values[CONF_BLOCK_SIZE])
-    model = values[CONF_MODEL]
-    values[CONF_MODEL] = MODEL_BUNDLED if model == DEFAULT_MODEL else MODEL_OTHER
-    values[CONF_CUSTOM_MODEL] = "" if model == DEFAULT_MODEL else model
-    return values
 
 
 def model_label(model: str) -> str:
@@ -337,27 +208,6 @@ def default_subentries() -> list[ConfigSubentryData]:
     ]
 
 
-def server_schema(defaults: Mapping[str, Any]) -> probatio.Schema:
-    """The server form: where it is, its key, how long to wait for it."""
-    return probatio.Schema(
-        {
-            probatio.Required(
-                CONF_URL, default=defaults.get(CONF_URL, DEFAULT_SERVER_URL)
-            ): TextSelector(TextSelectorConfig(type=TextSelectorType.URL)),
-            probatio.Optional(
-                CONF_API_KEY, description={"suggested_value": defaults.get(CONF_API_KEY)}
-            ): TextSelector(TextSelectorConfig(type=TextSelectorType.PASSWORD)),
-            probatio.Required(
-                CONF_TIMEOUT, default=defaults.get(CONF_TIMEOUT, DEFAULT_TIMEOUT_S)
-            ): NumberSelector(
-                NumberSelectorConfig(
-                    min=1, max=3600, step=1, unit_of_measurement="s", mode=NumberSelectorMode.BOX
-                )
-            ),
-        }
-    )
-
-
 def server_client(hass: HomeAssistant, data: Mapping[str, Any]) -> OpenAIClient:
     """A client for the server an entry or a form names, on Home Assistant's session."""
     return OpenAIClient(
@@ -415,17 +265,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         options = [BACKEND_REMOTE] if blocked else [BACKEND_EMBEDDED, BACKEND_REMOTE]
         return self.async_show_form(
             step_id="user",
-            data_schema=probatio.Schema(
-                {
-                    probatio.Required(CONF_BACKEND, default=options[0]): SelectSelector(
-                        SelectSelectorConfig(
-                            options=options,
-                            translation_key=CONF_BACKEND,
-                            mode=SelectSelectorMode.LIST,
-                        )
-                    )
-                }
-            ),
+            data_schema=backend_schema(options),
             errors={"base": key} if blocked else {},
             description_placeholders={"reason": reason},
         )
@@ -560,16 +400,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         current = self._get_reconfigure_entry().data.get(CONF_MODEL) if reconfiguring else None
         return self.async_show_form(
             step_id="server_model",
-            data_schema=probatio.Schema(
-                {
-                    probatio.Required(
-                        CONF_MODEL,
-                        default=current if current in self._models else self._models[0],
-                    ): SelectSelector(
-                        SelectSelectorConfig(options=self._models, mode=SelectSelectorMode.DROPDOWN)
-                    )
-                }
-            ),
+            data_schema=server_model_schema(self._models, current),
             errors=errors,
             description_placeholders={"reason": reason, "url": self._server[CONF_URL]},
         )
@@ -777,13 +608,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 return self.async_update_reload_and_abort(entry, data=data)
         return self.async_show_form(
             step_id="reauth_confirm",
-            data_schema=probatio.Schema(
-                {
-                    probatio.Optional(CONF_API_KEY): TextSelector(
-                        TextSelectorConfig(type=TextSelectorType.PASSWORD)
-                    )
-                }
-            ),
+            data_schema=reauth_schema(),
             errors=errors,
             description_placeholders={
                 "url": entry.data[CONF_URL],
@@ -860,87 +685,3 @@ class PagedLLMSubentryFlowHandler(ConfigSubentryFlow):
 
     async_step_user = async_step_set_options
     async_step_reconfigure = async_step_set_options
-
-
-def unique_name(base: str, taken: Collection[str]) -> str:
-    """``base``, or ``base 2``, ``base 3``... whichever no other agent of the entry has."""
-    name, number = base, 1
-    while name in taken:
-        number += 1
-        name = f"{base} {number}"
-    return name
-
-
-def agent_option_schema(
-    hass: HomeAssistant,
-    is_new: bool,
-    subentry_type: str,
-    options: Mapping[str, Any],
-    taken: Collection[str] = (),
-) -> dict[Any, Any]:
-    """The agent form: prompt and tools for conversations; sampling and history for both."""
-    schema: dict[Any, Any] = {}
-    if is_new:
-        default_name = unique_name(
-            DEFAULT_AI_TASK_NAME
-            if subentry_type == SUBENTRY_AI_TASK
-            else DEFAULT_CONVERSATION_NAME,
-            taken,
-        )
-        schema[probatio.Required(CONF_NAME, default=default_name)] = str
-    if subentry_type == SUBENTRY_CONVERSATION:
-        apis = llm.async_get_apis(hass)
-        known = {api.id for api in apis}
-        selected = [api for api in options.get(CONF_LLM_HASS_API, []) if api in known]
-        schema.update(
-            {
-                probatio.Optional(
-                    CONF_PROMPT,
-                    description={"suggested_value": options.get(CONF_PROMPT, DEFAULT_INSTRUCTIONS)},
-                ): TemplateSelector(),
-                probatio.Optional(
-                    CONF_LLM_HASS_API, description={"suggested_value": selected}
-                ): SelectSelector(
-                    SelectSelectorConfig(
-                        options=[SelectOptionDict(label=api.name, value=api.id) for api in apis],
-                        multiple=True,
-                    )
-                ),
-                probatio.Optional(
-                    CONF_HOME_GRAMMAR,
-                    description={
-                        "suggested_value": options.get(CONF_HOME_GRAMMAR, DEFAULT_HOME_GRAMMAR)
-                    },
-                ): BooleanSelector(),
-                probatio.Optional(
-                    CONF_THINK,
-                    description={"suggested_value": options.get(CONF_THINK, DEFAULT_THINK)},
-                ): BooleanSelector(),
-            }
-        )
-    schema.update(
-        {
-            probatio.Optional(
-                CONF_MAX_TOKENS,
-                description={"suggested_value": options.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)},
-            ): NumberSelector(
-                NumberSelectorConfig(min=1, max=MAX_MAX_TOKENS, step=1, mode=NumberSelectorMode.BOX)
-            ),
-            probatio.Optional(
-                CONF_TEMPERATURE,
-                description={"suggested_value": options.get(CONF_TEMPERATURE, DEFAULT_TEMPERATURE)},
-            ): NumberSelector(
-                NumberSelectorConfig(min=0, max=2, step=0.05, mode=NumberSelectorMode.SLIDER)
-            ),
-        }
-    )
-    if subentry_type == SUBENTRY_CONVERSATION:
-        schema[
-            probatio.Optional(
-                CONF_MAX_HISTORY,
-                description={"suggested_value": options.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY)},
-            )
-        ] = NumberSelector(
-            NumberSelectorConfig(min=0, max=1000, step=1, mode=NumberSelectorMode.BOX)
-        )
-    return schema

@@ -77,6 +77,7 @@ class PagedLLMConversationEntity(
 
         @callback
         def _prompt_may_change(_event: Event[Any]) -> None:
+            """Warm the prompt again: an entity or area it may list changed."""
             self._warmer.async_schedule_call()
 
         bus = self.hass.bus

@@ -1,40 +1,19 @@
-"""The embedded backend: the engine in Home Assistant's own process, behind the seam."""
+"""The embedded backend: the engine in Home Assistant's process, unloaded when idle."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import functools
-import importlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict
-from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from homeassistant.const import CONF_DEVICE, CONF_MODEL
-from homeassistant.core import HomeAssistant
-
-from paged_llm.defaults import DEFAULT_MODEL
 from paged_llm.protocol.snapshot import MetricsSnapshot
 
 from .backend import BackendError, Delta, Sampling
-from .const import (
-    CONF_BLOCK_SIZE,
-    CONF_DTYPE,
-    CONF_KV_BUDGET_MIB,
-    CONF_MAX_MODEL_LEN,
-    CONF_MAX_NUM_SEQS,
-    CONF_WEIGHTS,
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_DEVICE,
-    DEFAULT_DTYPE,
-    DEFAULT_KV_BUDGET_MIB,
-    DEFAULT_MAX_MODEL_LEN,
-    DEFAULT_MAX_NUM_SEQS,
-    DEFAULT_WEIGHTS,
-    LOGGER,
-)
+from .const import LOGGER
+from .errors import load_error_key
 from .prompt import PLAIN_STOP, chat_template, render_plain, template_knows_tools
 
 if TYPE_CHECKING:
@@ -50,90 +29,6 @@ if TYPE_CHECKING:
 _KNOWN_REJECTIONS = frozenset(
     {"empty_prompt", "context_too_long", "exceeds_kv_pool", "invalid_token", "queue_full"}
 )
-# Failed starts with a translation of their own (the engine errors' codes).
-_LOAD_ERROR_KEYS = frozenset({"kv_budget_too_small", "unsupported_model", "model_load_failed"})
-
-
-class TorchUnavailableError(Exception):
-    """PyTorch cannot be imported on this system."""
-
-
-class EngineImportError(Exception):
-    """The paged_llm engine cannot be imported (a broken or partial install)."""
-
-
-def import_engine_module() -> ModuleType:
-    """Import the engine and torch (blocking: seconds on first import; run in an executor).
-
-    Raises TorchUnavailableError when torch itself cannot be imported, as on musl-based
-    systems such as Home Assistant OS, where PyTorch publishes no wheels.
-    """
-    try:
-        importlib.import_module("torch")
-    except (ImportError, OSError) as err:
-        raise TorchUnavailableError(str(err)) from err
-    try:
-        return importlib.import_module("paged_llm.engine.api")
-    except (ImportError, OSError) as err:
-        raise EngineImportError(str(err)) from err
-
-
-async def async_import_engine(hass: HomeAssistant) -> ModuleType:
-    """Import the engine off the event loop."""
-    return await hass.async_add_executor_job(import_engine_module)
-
-
-def normalize_model(model: str) -> str:
-    """The canonical spelling of a model string: absolute for local paths, as given otherwise."""
-    model = model.strip() or DEFAULT_MODEL
-    if model.startswith(("/", "~", ".")):
-        return str(Path(model).expanduser().absolute())
-    return model
-
-
-def engine_config(hass: HomeAssistant, data: Mapping[str, Any]) -> EngineConfig:
-    """Build the engine settings from an entry's data (raises ValueError naming a bad one).
-
-    Call only once the engine is importable (it imports the engine's config module).
-    """
-    from paged_llm.engine.api import EngineConfig
-
-    max_model_len = int(data.get(CONF_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN))
-    return EngineConfig(
-        model=normalize_model(data.get(CONF_MODEL, DEFAULT_MODEL)),
-        device=data.get(CONF_DEVICE, DEFAULT_DEVICE),
-        dtype=data.get(CONF_DTYPE, DEFAULT_DTYPE),
-        weights=data.get(CONF_WEIGHTS, DEFAULT_WEIGHTS),
-        block_size=int(data.get(CONF_BLOCK_SIZE, DEFAULT_BLOCK_SIZE)),
-        kv_budget=float(int(data.get(CONF_KV_BUDGET_MIB, DEFAULT_KV_BUDGET_MIB)) * 2**20),
-        max_num_seqs=int(data.get(CONF_MAX_NUM_SEQS, DEFAULT_MAX_NUM_SEQS)),
-        max_model_len=max_model_len or None,
-        # Converted GGUF models are kept here: rebuildable, so outside backups.
-        cache_dir=Path(hass.config.cache_path("paged_llm")),
-    )
-
-
-def load_error_key(err: BaseException) -> str:
-    """The translation key of a failed engine start."""
-    if isinstance(err, TorchUnavailableError):
-        return "torch_unavailable"
-    if isinstance(err, EngineImportError):
-        return "engine_unavailable"
-    # The engine errors' code, read without importing the engine (a failed import lacks it).
-    code = getattr(err, "code", None)
-    return code if code in _LOAD_ERROR_KEYS else "engine_start_failed"
-
-
-def is_transient_load_error(err: BaseException) -> bool:
-    """Whether a failed start may succeed later unchanged (memory or network, not settings)."""
-    cause: BaseException | None = err
-    while cause is not None:
-        if isinstance(cause, ConnectionError | TimeoutError | MemoryError):
-            return True
-        if type(cause).__name__ == "OutOfMemoryError":  # torch's, without importing torch
-            return True
-        cause = cause.__cause__
-    return False
 
 
 def backend_error(err: EngineError, restart: bool = False) -> BackendError:

@@ -30,6 +30,7 @@ from .const import (
     STRUCTURE_FREQUENCY_PENALTY,
     SUBENTRY_CONVERSATION,
 )
+from .errors import ha_error
 from .home_grammar import async_get_home, grammar_tools
 from .prompt import (
     build_messages,
@@ -39,7 +40,7 @@ from .prompt import (
     trim_history,
 )
 from .reasoning import ThinkSplitter
-from .runtime import PagedLLMConfigEntry, ha_error
+from .runtime import PagedLLMConfigEntry
 from .tool_calls import ToolCallStream
 
 MANUFACTURER = "Paged LLM"

@@ -21,11 +21,12 @@ from homeassistant.const import PERCENTAGE, EntityCategory, UnitOfTime
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
-from homeassistant.helpers.update_coordinator import CoordinatorEntity, DataUpdateCoordinator
+from homeassistant.helpers.update_coordinator import CoordinatorEntity
 
 from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot, Percentiles
 
 from .const import SUBENTRY_CONVERSATION
+from .coordinator import PagedLLMCoordinator
 from .embedded import EmbeddedBackend
 from .entity import agent_device_info, engine_device_info
 from .prompt_budget import budget_signal
@@ -263,7 +264,7 @@ class PagedLLMPromptSensor(SensorEntity):
         self._attr_extra_state_attributes = budget.attributes() if budget is not None else {}
 
 
-class PagedLLMLoadedSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], SensorEntity):
+class PagedLLMLoadedSensor(CoordinatorEntity[PagedLLMCoordinator], SensorEntity):
     """Whether the embedded model is in memory (it unloads when idle, if asked to)."""
 
     _attr_has_entity_name = True
@@ -271,9 +272,7 @@ class PagedLLMLoadedSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapsh
     _attr_device_class = SensorDeviceClass.ENUM
     _attr_translation_key = "model_loaded"
 
-    def __init__(
-        self, entry: PagedLLMConfigEntry, coordinator: DataUpdateCoordinator[MetricsSnapshot]
-    ) -> None:
+    def __init__(self, entry: PagedLLMConfigEntry, coordinator: PagedLLMCoordinator) -> None:
         """Bind the sensor to its entry's engine."""
         super().__init__(coordinator)
         self.entry = entry
@@ -288,7 +287,7 @@ class PagedLLMLoadedSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapsh
         return "loaded" if isinstance(backend, EmbeddedBackend) and backend.loaded else "unloaded"
 
 
-class PagedLLMSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], SensorEntity):
+class PagedLLMSensor(CoordinatorEntity[PagedLLMCoordinator], SensorEntity):
     """One engine figure on the engine's service device."""
 
     entity_description: PagedLLMSensorEntityDescription
@@ -297,7 +296,7 @@ class PagedLLMSensor(CoordinatorEntity[DataUpdateCoordinator[MetricsSnapshot]], 
     def __init__(
         self,
         entry: PagedLLMConfigEntry,
-        coordinator: DataUpdateCoordinator[MetricsSnapshot],
+        coordinator: PagedLLMCoordinator,
         description: PagedLLMSensorEntityDescription,
     ) -> None:
         """Bind the sensor to its entry's engine."""

@@ -174,6 +174,7 @@ class Summarizer:
         self._progress(done, len(pieces))
 
         async def one(piece: str) -> Completion:
+            """Summarize one piece and report the progress."""
             nonlocal done
             part = await self._summarize_piece(SUMMARY_PROMPT, piece, sampling)
             done += 1

@@ -23,9 +23,9 @@ from .backend import Backend, Delta, Sampling
 from .const import CONF_THINK, DEFAULT_THINK, DOMAIN, LOGGER, PRIORITY_CONVERSATION
 from .entity import agent_sampling
 from .prompt import agent_instructions, build_messages, format_tool
-from .prompt_budget import PromptBudget, count_exposed_entities, prefill_rate
+from .prompt_budget import count_exposed_entities, prefill_rate
 from .remote import RemoteBackend
-from .runtime import PagedLLMConfigEntry
+from .runtime import PagedLLMConfigEntry, PromptBudget
 
 # A user turn after the system prompt: only the blocks before it are worth keeping.
 WARMUP_USER_TEXT = "Hello"

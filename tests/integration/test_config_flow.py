@@ -18,8 +18,9 @@ from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from custom_components.paged_llm.config_flow import chosen_model, form_values
+from custom_components.paged_llm.config_flow import chosen_model
 from custom_components.paged_llm.const import DOMAIN
+from custom_components.paged_llm.schemas import form_values
 from paged_llm.defaults import DEFAULT_MODEL
 from paged_llm.engine.async_engine import AsyncEngine
 
@@ -192,7 +193,7 @@ async def test_broken_torch_explains_itself_and_offers_only_the_server(
             raise ImportError("libtorch_cpu.so: cannot open shared object file")
         return real_import(name, package)
 
-    with patch("custom_components.paged_llm.embedded.importlib.import_module", no_torch):
+    with patch("custom_components.paged_llm.engine_import.importlib.import_module", no_torch):
         result = await hass.config_entries.flow.async_init(
             DOMAIN, context={"source": config_entries.SOURCE_USER}
         )

@@ -144,7 +144,7 @@ async def test_torch_unavailable_fails_setup_with_a_translated_error(
             raise ImportError("Error loading shared library libgomp.so.1: No such file")
         return real_import(name, package)
 
-    with patch("custom_components.paged_llm.embedded.importlib.import_module", no_torch):
+    with patch("custom_components.paged_llm.engine_import.importlib.import_module", no_torch):
         assert not await hass.config_entries.async_setup(mock_config_entry.entry_id)
         await hass.async_block_till_done()
     assert mock_config_entry.state is ConfigEntryState.SETUP_ERROR

@@ -7,7 +7,8 @@ import json
 import logging
 import math
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any
 from unittest.mock import patch
@@ -23,7 +24,7 @@ from homeassistant.helpers import issue_registry as ir
 from homeassistant.helpers import llm
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from custom_components.paged_llm import prompt_budget
+from custom_components.paged_llm import prompt_budget, runtime
 from custom_components.paged_llm.const import DOMAIN
 from paged_llm.engine.async_engine import AsyncEngine
 from paged_llm.engine.llm_engine import LLMEngine
@@ -46,6 +47,16 @@ def _prompt_sensor(hass: HomeAssistant, entry: MockConfigEntry) -> str:
     entity_id = er.async_get(hass).async_get_entity_id("sensor", DOMAIN, unique_id)
     assert entity_id is not None
     return entity_id
+
+
+@contextmanager
+def _slow_threshold(seconds: float) -> Iterator[None]:
+    """The slow-prompt threshold lowered where it is read: the budget's test, the repair's text."""
+    with (
+        patch.object(runtime, "PROMPT_SLOW_S", seconds),
+        patch.object(prompt_budget, "PROMPT_SLOW_S", seconds),
+    ):
+        yield
 
 
 def _issue(hass: HomeAssistant, kind: str, entry: MockConfigEntry) -> ir.IssueEntry | None:
@@ -233,7 +244,7 @@ async def test_a_slow_prompt_is_a_repair_until_it_is_fast_enough(
 ) -> None:
     """Above the threshold a repair gives the predicted seconds; below, and after the
     entry unloads, there is none."""
-    with patch.object(prompt_budget, "PROMPT_SLOW_S", 1e-4):
+    with _slow_threshold(1e-4):
         await _set_up(hass, entry, _Recorder())
         issue = _issue(hass, prompt_budget.ISSUE_SLOW, entry)
     assert issue is not None
@@ -258,7 +269,7 @@ async def test_a_slow_prompt_is_a_repair_until_it_is_fast_enough(
     assert state.attributes["first_token_uncached_s"] is not None
 
     # Issues go with the entry.
-    with patch.object(prompt_budget, "PROMPT_SLOW_S", 1e-4):
+    with _slow_threshold(1e-4):
         await _update_agent(hass, entry, temperature=0.3)
         assert _issue(hass, prompt_budget.ISSUE_SLOW, entry) is not None
     assert await hass.config_entries.async_unload(entry.entry_id)
@@ -436,7 +447,7 @@ async def test_an_agent_added_later_gets_a_sensor_and_its_issues_go_with_it(
         title="Second agent",
         unique_id=None,
     )
-    with patch.object(prompt_budget, "PROMPT_SLOW_S", 1e-4):
+    with _slow_threshold(1e-4):
         hass.config_entries.async_add_subentry(entry, added)
         await hass.async_block_till_done(wait_background_tasks=True)
     registry = er.async_get(hass)

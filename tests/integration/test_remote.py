@@ -28,8 +28,8 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm.const import DEFAULT_SUMMARY_REPETITION_PENALTY
 from custom_components.paged_llm.diagnostics import async_get_config_entry_diagnostics
+from custom_components.paged_llm.engine_install import engine_requirements
 from custom_components.paged_llm.home_grammar import async_get_home
-from custom_components.paged_llm.placement import engine_requirements
 from paged_llm.protocol.tool_prompt import template_shows_tools, template_source, tools_as_text
 
 from remote_server import ServerProcess, free_port

@@ -17,7 +17,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry, async_
 
 from custom_components.paged_llm.const import DOMAIN, EVENT_SUMMARY_PROGRESS
 from custom_components.paged_llm.embedded import backend_error
-from custom_components.paged_llm.runtime import ha_error
+from custom_components.paged_llm.errors import ha_error
 
 
 async def _call(hass: HomeAssistant, service: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from homeassistant.util.package import is_installed, parse_requirement_safe
 
 from custom_components.paged_llm.addon import ISSUE_UNREACHABLE
 from custom_components.paged_llm.const import SERVICE_GENERATE, SERVICE_SUMMARIZE
-from custom_components.paged_llm.prompt_budget import ISSUES, PromptBudget
+from custom_components.paged_llm.prompt_budget import ISSUES
+from custom_components.paged_llm.runtime import PromptBudget
 from custom_components.paged_llm.sensor import PROMPT_SENSOR_KEY, SENSORS
 
 INTEGRATION = Path(__file__).resolve().parents[2] / "custom_components" / "paged_llm"
@@ -79,7 +80,7 @@ def test_every_translation_key_in_the_code_has_a_message() -> None:
 
 def test_every_flow_error_and_step_is_translated() -> None:
     config = STRINGS["config"]
-    flow = SOURCES["config_flow.py"] + SOURCES["embedded.py"]
+    flow = SOURCES["config_flow.py"] + SOURCES["schemas.py"] + SOURCES["errors.py"]
     errors = set(re.findall(r'errors\["base"\](?:, reason)? = "([a-z_]+)"', flow))
     errors |= set(re.findall(r'\{"base": "([a-z_]+)"\}', flow))
     errors |= {

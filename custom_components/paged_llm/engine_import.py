@@ -1,4 +1,4 @@
-"""Where the model can run: whether the engine works in this process, and its installation."""
+"""Whether the engine can run in this process, and importing it (with torch) off the loop."""
 
 from __future__ import annotations
 
@@ -7,18 +7,11 @@ import importlib
 import importlib.util
 import platform
 import sys
-from importlib import metadata
+from types import ModuleType
 
 from homeassistant.core import HomeAssistant
-from homeassistant.requirements import async_process_requirements
 
-from paged_llm.extras import ENGINE_EXTRA
-
-from .const import DOMAIN
-from .embedded import EngineImportError, TorchUnavailableError, import_engine_module
-
-LIBRARY = "paged-llm"
-EXTRA = "engine"
+from .errors import EngineImportError, TorchUnavailableError
 
 
 class EngineState(enum.StrEnum):
@@ -30,6 +23,27 @@ class EngineState(enum.StrEnum):
     MUSL = "embedded_musl"
     TORCH_UNAVAILABLE = "torch_unavailable"
     ENGINE_UNAVAILABLE = "engine_unavailable"
+
+
+def import_engine_module() -> ModuleType:
+    """Import the engine and torch (blocking: seconds on first import; run in an executor).
+
+    Raises TorchUnavailableError when torch itself cannot be imported, as on musl-based
+    systems such as Home Assistant OS, where PyTorch publishes no wheels.
+    """
+    try:
+        importlib.import_module("torch")
+    except (ImportError, OSError) as err:
+        raise TorchUnavailableError(str(err)) from err
+    try:
+        return importlib.import_module("paged_llm.engine.api")
+    except (ImportError, OSError) as err:
+        raise EngineImportError(str(err)) from err
+
+
+async def async_import_engine(hass: HomeAssistant) -> ModuleType:
+    """Import the engine off the event loop."""
+    return await hass.async_add_executor_job(import_engine_module)
 
 
 def _is_musl() -> bool:
@@ -58,28 +72,3 @@ def engine_state() -> tuple[EngineState, str]:
     except EngineImportError as err:
         return EngineState.ENGINE_UNAVAILABLE, str(err)
     return EngineState.READY, ""
-
-
-def engine_requirements() -> list[str]:
-    """The engine extra's requirements, read from the installed library's own metadata."""
-    from packaging.requirements import Requirement
-
-    wanted: list[str] = []
-    for line in metadata.requires(LIBRARY) or []:
-        req = Requirement(line)
-        if req.marker is None or not req.marker.evaluate({"extra": EXTRA}):
-            continue
-        # Plain name and version: Home Assistant checks each against what is installed.
-        wanted.append(f"{req.name}{req.specifier}")
-    if not wanted:
-        raise EngineImportError(f"{LIBRARY} declares no '{EXTRA}' extra; install {ENGINE_EXTRA}")
-    return wanted
-
-
-async def async_install_engine(hass: HomeAssistant) -> None:
-    """Install the engine extra through Home Assistant's requirements, then import it."""
-    requirements = await hass.async_add_executor_job(engine_requirements)
-    await async_process_requirements(hass, DOMAIN, requirements, is_built_in=False)
-    # Finders cache directory listings: let them see what was just installed.
-    importlib.invalidate_caches()
-    await hass.async_add_executor_job(import_engine_module)

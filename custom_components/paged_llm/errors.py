@@ -1,0 +1,52 @@
+"""Errors the integration raises, and their translation keys for forms, setup and actions."""
+
+from __future__ import annotations
+
+from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
+
+from .backend import BackendError
+from .const import DOMAIN
+
+# Failed starts with a translation of their own (the engine errors' codes).
+_LOAD_ERROR_KEYS = frozenset({"kv_budget_too_small", "unsupported_model", "model_load_failed"})
+
+
+class TorchUnavailableError(Exception):
+    """PyTorch cannot be imported on this system."""
+
+
+class EngineImportError(Exception):
+    """The paged_llm engine cannot be imported (a broken or partial install)."""
+
+
+def load_error_key(err: BaseException) -> str:
+    """The translation key of a failed engine start."""
+    if isinstance(err, TorchUnavailableError):
+        return "torch_unavailable"
+    if isinstance(err, EngineImportError):
+        return "engine_unavailable"
+    # The engine errors' code, read without importing the engine (a failed import lacks it).
+    code = getattr(err, "code", None)
+    return code if code in _LOAD_ERROR_KEYS else "engine_start_failed"
+
+
+def is_transient_load_error(err: BaseException) -> bool:
+    """Whether a failed start may succeed later unchanged (memory or network, not settings)."""
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, ConnectionError | TimeoutError | MemoryError):
+            return True
+        if type(cause).__name__ == "OutOfMemoryError":  # torch's, without importing torch
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def ha_error(err: BackendError) -> HomeAssistantError:
+    """A translated Home Assistant error for a failed request."""
+    cls = ServiceValidationError if err.caller else HomeAssistantError
+    return cls(
+        translation_domain=DOMAIN,
+        translation_key=err.key,
+        translation_placeholders={"reason": err.reason, **err.placeholders},
+    )
