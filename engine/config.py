@@ -30,9 +30,9 @@ KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 INTERACTIVE_HOLD_SECONDS = 4.0
 
 # How much longer an interactive request's decode steps may take, on average, than alone.
-# The target for a voice answer's time per output token under load is 1.5x idle: in the
-# quick home mix 1.25 gave 1.57x at p95 and 1.1 gave 1.33x, with no loss for automations
-# or summaries (they run mostly while no voice decodes); see docs/performance.md.
+# The target for a voice answer's time per output token under load is 1.5x idle; this
+# value meets it in the home mix with no loss for automations or summaries (they run mostly
+# while no voice decodes); the measurement is in docs/performance.md.
 INTERACTIVE_SLOWDOWN = 1.1
 
 

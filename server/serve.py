@@ -69,8 +69,8 @@ async def load(host: EngineHost) -> None:
     """Start the engine, then keep what loading left alive out of the collector's scans.
 
     torch, transformers and the model leave hundreds of thousands of objects that every
-    full collection walks while holding the GIL: 310 ms a time on a 2-core machine, a
-    pause in the middle of a step that no step budget can plan for (frozen: under 1 ms).
+    full collection walks while holding the GIL: a pause of a large part of a second in the
+    middle of a step that no step budget can plan for (frozen: a millisecond at most).
     This process is the server's own; inside Home Assistant the process is not, so the
     integration leaves Home Assistant's collector as it is.
     """

@@ -1,11 +1,10 @@
 """A GGUF file's tensor table and architecture, read without parsing its vocabulary.
 
 ``gguf``'s GGUFReader builds a numpy view of every item of every metadata array: for a
-49,152-token vocabulary that took 2.5-4 s, and more for 150k-token ones, before one
-tensor is found. Loading needs only the architecture name and the tensor table, so this
-reader walks the metadata by lengths alone, over a read-only map with a cursor (0.04 s for
-Gemma 3's 262,144 tokens; reading each length from a file object took 0.14 s), and maps
-the file once.
+vocabulary that takes seconds before one tensor is found. Loading needs only the
+architecture name and the tensor table, so this reader walks the metadata by lengths
+alone, over a read-only map with a cursor (reading each length from a file object is
+several times slower), and maps the file once.
 The format is GGUF v2/v3 as the ``gguf`` package documents it; types and block sizes
 come from that package.
 """

@@ -2,13 +2,13 @@
 
 transformers builds a GGUF model's config and tokenizer from ``GGUFReader(path).fields``,
 and the reader makes a numpy view of every item of every metadata array: 352k of them for
-a 151k-token vocabulary, 1.2 s of a first start (this reader: 0.06 s). ``MetadataReader``
+a 151k-token vocabulary, the larger part of a first start. ``MetadataReader``
 gives the same fields (``name``, ``types``, ``parts``, ``data``: ``parts[i]`` for each
 ``i`` in ``data`` is one value, as transformers reads them) and the tensors' names, from
 one walk over the header: arrays of numbers as one numpy array each, strings as bytes. It
 does not read tensors. ``values`` gives the same fields as plain values, the form of
 transformers' newer ``read_gguf_metadata`` (its tokenizer's path, whose numpy map reads a
-49k-token vocabulary a string at a time in 0.3 s). What it does not know (a big-endian
+vocabulary a string at a time). What it does not know (a big-endian
 file, arrays of arrays) raises ``Unreadable``, and the caller falls back to gguf's or
 transformers' reader, the authorities the tests compare against.
 """
@@ -155,7 +155,7 @@ class MetadataReader:
         """The fields, each array of ``at_least`` items or more as one ParsedArray part.
 
         transformers' older ``load_gguf_checkpoint`` parses a field's items one call each
-        (a 151k-token vocabulary and its merges: 0.6 s of a first start); given this view
+        (slow for a 151k-token vocabulary and its merges); given this view
         and a parse that hands a ParsedArray's values back whole, it gets the same values
         at once. Short arrays keep their parts: a one-item array parses to its item there.
         """

@@ -1,7 +1,7 @@
 """A Llama- or Gemma-family GGUF model as the C forward reads it, without transformers' classes.
 
 Importing a transformers model class imports its whole modeling stack (torch.compile's
-tracer, accelerate, distributed tensors): about 2 s of every start, more than the rest of
+tracer, accelerate, distributed tensors): seconds of every start, more than the rest of
 loading a 1.5B GGUF file. The architectures kernels/cpu/src/cpu_forward.c runs need none of it:
 for them the GGUF loader builds :class:`NativeModel`, the module tree transformers' model
 has (``model.layers[i].self_attn.q_proj`` and so on, so the loader fills it by the same

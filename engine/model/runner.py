@@ -164,8 +164,8 @@ def resolve_kv_dtype(
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A tensor of zeros; on the CPU from calloc, whose pages the OS zeroes on first touch.
 
-    torch.zeros writes every byte: 0.3 s of a start for a 1.6 GB pool, and all of it
-    resident from the start where a pool's blocks fill as requests come.
+    torch.zeros writes every byte, a noticeable part of a start for a large pool, and all
+    of it resident from the start where a pool's blocks fill as requests come.
     """
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)

@@ -12,9 +12,9 @@ its own parser reads back):
   that it holds ``items`` at most.
 
 Strings are left free in the grammar: a bounded run of string characters (``c{0, 1000}``)
-defeats xgrammar's precomputed token masks, and filling a mask inside such a string took
-30-300 ms a token against well under 1 ms. ``string_chars`` is kept by the engine instead
-(structured.py: once an open string has that many characters, its closing quote is forced
+defeats xgrammar's precomputed token masks, and filling a mask inside such a string is
+hundreds of times slower than a precomputed one. ``string_chars`` is kept by the engine instead
+(structured/output.py: once an open string has that many characters, its closing quote is forced
 where the grammar takes it), and engine/structured/closer.py holds an answer to its shortest way to
 the end as ``max_tokens`` nears. A schema's own bounds (``maxLength``, ``maxItems``,
 numeric ranges) stay as written.
