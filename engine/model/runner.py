@@ -344,14 +344,14 @@ class ModelRunner:
         if self.structured is None:
             return {}
         try:
-            self.structured.apply(logits, seqs)
+            mask_logits(self.structured, logits, seqs)
             return {}
         except Exception:
             # One request's grammar broke the batch: mask row by row so only it fails.
             failed: dict[int, Exception] = {}
             for row, seq in enumerate(seqs):
                 try:
-                    self.structured.apply(logits[row : row + 1], [seq])
+                    mask_logits(self.structured, logits[row : row + 1], [seq])
                 except Exception as err:
                     failed[row] = err
             return failed
@@ -359,3 +359,33 @@ class ModelRunner:
     def release(self, request_id: str) -> None:
         """Forget per-request sampler state (its seeded generator)."""
         self.sampler.release(request_id)
+
+
+def mask_logits(structured: StructuredOutput, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """Apply the step's grammar masks (numpy bitmasks) to torch ``logits`` in place.
+
+    CPU float32 logits are handed to the numpy masks as a view (no copy); elsewhere (a GPU,
+    bfloat16) the bitmask goes over as a tensor and is unpacked where the logits are.
+    """
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
+        structured.apply(logits.numpy(), seqs)
+        return
+    batch = structured.fill(seqs)
+    if batch is None:
+        return
+    started = time.perf_counter()
+    if batch.rows:
+        rows = torch.tensor(batch.rows, device=logits.device)
+        words = torch.from_numpy(batch.bitmask[batch.rows]).to(logits.device, non_blocking=True)
+        shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+        # Bit i of word w allows token 32 * w + i.
+        allowed = ((words.unsqueeze(-1) >> shifts) & 1).flatten(1).bool()
+        width = min(logits.shape[-1], allowed.shape[-1])
+        block = logits.index_select(0, rows)
+        block[:, :width].masked_fill_(~allowed[:, :width], float("-inf"))
+        block[:, width:] = float("-inf")
+        logits.index_copy_(0, rows, block)
+    for row, token in batch.forced.items():
+        logits[row].fill_(float("-inf"))
+        logits[row, token] = 0.0
+    structured.last_mask_s += time.perf_counter() - started

@@ -15,6 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+
+from paged_llm.engine.structured import bitmask as bits
+from paged_llm.engine.structured.matcher import Matcher
 
 # What ends things soonest outside a string, best first: close an array or object, go on
 # to the next required member, the shortest number, an empty string, array or object. Each
@@ -41,16 +45,16 @@ class Closer:
             if token_id < vocab_size and text is not None:
                 lengths[token_id] = len(text)
         self._lengths = lengths
-        self._bitmask: Any = None
+        self._bitmask: npt.NDArray[np.int32] | None = None
 
-    def path(self, matcher: Any, limit: int = _PATH_LIMIT) -> list[int] | None:
+    def path(self, matcher: Matcher, limit: int = _PATH_LIMIT) -> list[int] | None:
         """Tokens that bring ``matcher`` to a state where it may end (None if none is found)."""
         fork = matcher.fork()
         taken: list[int] = []
         while not fork.is_completed():
             if len(taken) >= limit:
                 return None
-            forced = fork.find_jump_forward_tokens()
+            forced = fork.forced_tokens()
             if forced:
                 for token in forced:
                     if not fork.accept_token(token):
@@ -63,7 +67,7 @@ class Closer:
             taken.append(token)
         return taken
 
-    def _next(self, fork: Any) -> int | None:
+    def _next(self, fork: Matcher) -> int | None:
         """Take, on ``fork``, the token that ends things soonest; None when nothing fits."""
         if self._probe >= 0 and fork.accept_token(self._probe):
             fork.rollback(1)
@@ -74,18 +78,13 @@ class Closer:
                 return token
         return self._longest_allowed(fork)
 
-    def _longest_allowed(self, fork: Any) -> int | None:
+    def _longest_allowed(self, fork: Matcher) -> int | None:
         """Take the longest token the grammar allows here (a literal such as ``true``)."""
-        import xgrammar as xg
-
         vocab_size = self._lengths.shape[0]
         if self._bitmask is None:
-            self._bitmask = xg.allocate_token_bitmask(1, vocab_size)
-        fork.fill_next_token_bitmask(self._bitmask, 0)
-        # Bit i of the mask's little-endian words allows token i.
-        words = self._bitmask[0].numpy().view(np.uint8)
-        allowed = np.unpackbits(words, bitorder="little")[:vocab_size].astype(bool)
-        lengths = np.where(allowed, self._lengths, -1)
+            self._bitmask = bits.allocate(1, vocab_size)
+        fork.fill_mask(self._bitmask, 0)
+        lengths = np.where(bits.allowed(self._bitmask, vocab_size)[0], self._lengths, -1)
         token = int(lengths.argmax())
         if lengths[token] < 0:
             return None

@@ -1,25 +1,29 @@
-"""Structured output: JSON schemas, regexes, grammars and tool-call tags enforced while decoding."""
+"""Structured output: JSON schemas, regexes, grammars and tool-call tags enforced while decoding.
+
+Grammars come from llguidance (matcher.py), masks are numpy bitmasks (bitmask.py): no
+torch here, so the torch runner (which hands its logits over as a numpy view, or turns a
+mask into a tensor on its GPU) and the numpy runner share all of it.
+"""
 
 from __future__ import annotations
 
-import importlib
-import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
+import numpy.typing as npt
 
 from paged_llm.engine.core.sequence import SamplingParams, Sequence
 from paged_llm.engine.errors import RequestRejected
+from paged_llm.engine.structured import bitmask as bits
 from paged_llm.engine.structured.closer import Closer
-from paged_llm.engine.structured.json_bounds import JsonBounds, bounded, open_string_length
+from paged_llm.engine.structured.json_bounds import JsonBounds, open_string_length
+from paged_llm.engine.structured.matcher import Grammar, GrammarCompiler, Matcher
 
 # Cached compiled grammars, by (field, text); schemas repeat (an AI task, a tool list).
 _CACHE_LIMIT = 256
-# The fields whose answers are JSON (a tool call's tags around it hold no quotes).
-_JSON_FIELDS = ("json_schema", "json_object", "structural_tag")
 # Characters a token spells at most, for a cheap lower bound on an output's length.
 _TOKEN_CHARS = 16
 # Every this many output tokens a request's way to its grammar's end is measured again
@@ -34,24 +38,26 @@ _CLOSING_SPARE = 8
 _LOOP_UNIT = 8
 _LOOP_TIMES = 8
 _LOOP_MIN = 16
+# Threads that fill a step's masks (the engine's CPU forward needs the other cores).
+_MASK_THREADS = 2
 
 
-def _require_xgrammar() -> Any:
-    """The xgrammar module, imported on first use (it takes a second or two)."""
-    try:
-        return importlib.import_module("xgrammar")
-    except ImportError as err:
-        raise RequestRejected(
-            "structured_output_unavailable",
-            f"structured output needs the xgrammar package (pip install xgrammar): {err}",
-        ) from err
+@dataclass(slots=True)
+class MaskBatch:
+    """A step's masks: one bitmask row per sequence, filled for ``rows``, forced tokens apart."""
+
+    bitmask: npt.NDArray[np.int32]
+    # Rows whose mask was filled (constrained and not forced).
+    rows: list[int] = field(default_factory=list)
+    # Rows that must take one token now (closing the answer in time), by row.
+    forced: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class _Tracker:
     """A request's matcher and how many of its output tokens the matcher has consumed."""
 
-    matcher: Any
+    matcher: Matcher
     num_accepted: int = 0
     # Whether the answer is JSON, whose strings the engine caps at bounds.string_chars.
     json: bool = False
@@ -80,34 +86,42 @@ class StructuredOutput:
         stop_token_ids: tuple[int, ...],
         bounds: JsonBounds | None = None,
     ) -> None:
-        """Remember the tokenizer; the xgrammar vocabulary is built on first use."""
+        """Remember the tokenizer; llguidance's view of the vocabulary is built on first use."""
         self._tokenizer = tokenizer
         self.bounds = bounds or JsonBounds()
         self.vocab_size = vocab_size
         self._stop_token_ids = list(stop_token_ids)
         self._lock = threading.Lock()
-        self._compiler: Any = None
-        self._cache: dict[tuple[str, str], Any] = {}
+        self._compiler: GrammarCompiler | None = None
+        self._cache: dict[tuple[str, str], Grammar] = {}
         self._trackers: dict[str, _Tracker] = {}
-        self._bitmask: torch.Tensor | None = None
-        self._batch: Any = None
+        self._bitmask: npt.NDArray[np.int32] | None = None
+        self._executor: Any = None
         self._closer: Closer | None = None
         # Seconds the last step spent filling and applying masks (benchmarks read it).
         self.last_mask_s = 0.0
 
-    def _get_compiler(self) -> Any:
+    def _get_compiler(self) -> GrammarCompiler:
         """The grammar compiler over this model's vocabulary (built once, under the lock)."""
-        xg = _require_xgrammar()
         if self._compiler is None:
-            info = xg.TokenizerInfo.from_huggingface(
-                self._tokenizer,
-                vocab_size=self.vocab_size,
-                stop_token_ids=self._stop_token_ids or None,
-            )
-            self._compiler = xg.GrammarCompiler(info, max_threads=2)
+            try:
+                self._compiler = GrammarCompiler(
+                    self._tokenizer, self.vocab_size, self._stop_token_ids
+                )
+            except ImportError as err:
+                raise RequestRejected(
+                    "structured_output_unavailable",
+                    f"structured output needs the llguidance package (pip install llguidance): "
+                    f"{err}",
+                ) from err
         return self._compiler
 
-    def compile(self, params: SamplingParams) -> Any:
+    @property
+    def mask_vocab_size(self) -> int:
+        """Tokens a mask row covers (the model's rows, or the tokenizer's if it has more)."""
+        return self._compiler.vocab_size if self._compiler is not None else self.vocab_size
+
+    def compile(self, params: SamplingParams) -> Grammar | None:
         """The compiled grammar for ``params`` (None when free); RequestRejected if it fails."""
         spec = params.structured
         if spec is None:
@@ -117,12 +131,12 @@ class StructuredOutput:
             if compiled is not None:
                 return compiled
             compiler = self._get_compiler()
-        field, text = spec
+        field_name, text = spec
         try:
-            compiled = _compile(compiler, field, text, self.bounds)
+            compiled = compiler.compile(field_name, text, self.bounds)
         except (RuntimeError, ValueError, TypeError) as err:
             raise RequestRejected(
-                "invalid_structured_output", f"{field} cannot be enforced: {err}"
+                "invalid_structured_output", f"{field_name} cannot be enforced: {err}"
             ) from err
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:
@@ -135,10 +149,7 @@ class StructuredOutput:
         compiled = self.compile(seq.params)
         if compiled is None:
             return
-        xg = _require_xgrammar()
-        spec = seq.params.structured
-        json = spec is not None and spec[0] in _JSON_FIELDS
-        self._trackers[seq.request_id] = _Tracker(xg.GrammarMatcher(compiled), json=json)
+        self._trackers[seq.request_id] = _Tracker(compiled.matcher(), json=compiled.is_json)
 
     def is_constrained(self, request_id: str) -> bool:
         """Whether the request decodes under a grammar."""
@@ -167,49 +178,61 @@ class StructuredOutput:
     def is_terminated(self, request_id: str) -> bool:
         """Whether the request's grammar has accepted its end (nothing more may follow)."""
         tracker = self._trackers.get(request_id)
-        return tracker is not None and bool(tracker.matcher.is_terminated())
+        return tracker is not None and tracker.matcher.is_terminated()
 
-    def apply(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        """Mask, in place, every constrained row of ``logits`` to the tokens its grammar allows.
+    def fill(self, seqs: list[Sequence]) -> MaskBatch | None:
+        """The masks of a step's rows (row ``i`` is ``seqs[i]``); None when none is constrained.
 
-        Row ``i`` belongs to ``seqs[i]``; free rows are left untouched.
+        A row whose matcher is in error raises (the runner then masks row by row, so only
+        that request fails).
         """
         rows = [i for i, seq in enumerate(seqs) if seq.request_id in self._trackers]
         if not rows:
             self.last_mask_s = 0.0
-            return
+            return None
         started = time.perf_counter()
-        xg = _require_xgrammar()
+        compiler = self._get_compiler()
         bitmask = self._bitmask
         if bitmask is None or bitmask.shape[0] < len(seqs):
-            bitmask = xg.allocate_token_bitmask(max(len(seqs), 8), self.vocab_size)
+            bitmask = bits.allocate(max(len(seqs), 8), compiler.vocab_size)
             self._bitmask = bitmask
-        matchers = []
-        forced: dict[int, int] = {}
+        batch = MaskBatch(bitmask[: len(seqs)])
+        matchers: list[tuple[Any, int]] = []
         for i in rows:
             seq = seqs[i]
             self.sync(seq)  # the engine syncs after each step; this covers any other caller
-            matchers.append(self._trackers[seq.request_id].matcher)
+            matcher = self._trackers[seq.request_id].matcher
+            if matcher.is_error():
+                raise RuntimeError(f"the grammar of {seq.request_id} failed: {matcher.inner.get_error()}")
             token = self._closing_token(seq)
             if token is not None:
-                forced[i] = token
-        if self._batch is None:
-            self._batch = xg.BatchGrammarMatcher(max_threads=2)
-        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
-        mask = bitmask[: len(seqs)]
-        if logits.device.type != "cpu":
-            mask = mask.to(logits.device, non_blocking=True)
-        if logits.device.type == "cpu" and logits.dtype != torch.float32:
-            # The CPU kernel handles float32 only; the rows are few, so copy.
-            masked = logits.float()
-            xg.apply_token_bitmask_inplace(masked, mask, vocab_size=self.vocab_size, indices=rows)
-            logits.copy_(masked)
-        else:
-            xg.apply_token_bitmask_inplace(logits, mask, vocab_size=self.vocab_size, indices=rows)
-        for i, token in forced.items():
-            logits[i].fill_(float("-inf"))
-            logits[i, token] = 0.0
+                batch.forced[i] = token
+            else:
+                batch.rows.append(i)
+                matchers.append((matcher.inner, i))
+        if matchers:
+            if self._executor is None:
+                self._executor = compiler.executor(_MASK_THREADS)
+            words = batch.bitmask.shape[1]
+            self._executor.unsafe_compute_mask_ptr(
+                matchers, batch.bitmask.ctypes.data, words * 4, batch.bitmask.shape[0]
+            )
         self.last_mask_s = time.perf_counter() - started
+        return batch
+
+    def apply(self, logits: npt.NDArray[np.floating], seqs: list[Sequence]) -> None:
+        """Mask, in place, every constrained row of ``logits`` to the tokens its grammar allows.
+
+        Row ``i`` belongs to ``seqs[i]``; free rows are left untouched.
+        """
+        batch = self.fill(seqs)
+        if batch is None:
+            return
+        started = time.perf_counter()
+        bits.apply(logits, batch.bitmask, batch.rows)
+        for row, token in batch.forced.items():
+            bits.force(logits, row, token)
+        self.last_mask_s += time.perf_counter() - started
 
     def _string_to_close(self, seq: Sequence) -> bool:
         """Whether the answer's open string must end now and its grammar may close it.
@@ -225,7 +248,7 @@ class StructuredOutput:
         if length < cap and not (looping and length > 0):
             return False
         if self._closer is None:
-            self._closer = Closer(self._tokenizer, self.vocab_size)
+            self._closer = Closer(self._tokenizer, self.mask_vocab_size)
         fork = self._trackers[seq.request_id].matcher.fork()
         return self._closer.quote >= 0 and bool(fork.accept_token(self._closer.quote))
 
@@ -245,7 +268,7 @@ class StructuredOutput:
             if left > tracker.closing_window and produced % _CLOSING_EVERY:
                 return None
             if self._closer is None:
-                self._closer = Closer(self._tokenizer, self.vocab_size)
+                self._closer = Closer(self._tokenizer, self.mask_vocab_size)
             path = self._closer.path(tracker.matcher)
             if not path:  # no way found, or it may end here: a cut leaves a whole answer
                 return None
@@ -273,41 +296,3 @@ def _looping(tokens: list[int], outputs: int) -> bool:
         if all(tail[i] == tail[i + unit] for i in range(span - unit)):
             return True
     return False
-
-
-def _compile(compiler: Any, field: str, text: str, bounds: JsonBounds) -> Any:
-    """Compile one constraint; xgrammar raises on a schema or grammar it cannot handle.
-
-    JSON (a schema, any object, tool calls) gets ``bounds`` on its free values; a regex
-    or grammar the caller wrote is compiled as written.
-    """
-    xg = _require_xgrammar()
-    if field == "json_schema":
-        # Compact JSON without free whitespace: small models otherwise drift into endless
-        # newlines inside an object until max_tokens.
-        grammar = xg.Grammar.from_json_schema(text, any_whitespace=False, strict_mode=True)
-    elif field == "json_object":
-        grammar = xg.Grammar.from_json_schema(
-            '{"type": "object"}', any_whitespace=False, strict_mode=False
-        )
-    elif field == "structural_tag":
-        grammar = xg.Grammar.from_structural_tag(text)
-    elif field == "regex":
-        return compiler.compile_regex(text)
-    elif field == "grammar":
-        return compiler.compile_grammar(text)
-    else:
-        raise ValueError(f"unknown structured output field {field!r}")
-    return compiler.compile_grammar(bounded(reparseable(str(grammar)), bounds))
-
-
-# xgrammar prints a code point below U+0100 as \xHH, but its parser reads \x with every hex
-# digit that follows: "Küche" printed as K\xfcche came back as U+0FCC and "he". \u00HH has
-# a fixed length and reads back as printed. (A backslash before x is an escape only after
-# an even run of backslashes.)
-_SHORT_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\x([0-9A-Fa-f]{2})")
-
-
-def reparseable(ebnf: str) -> str:
-    r"""A printed xgrammar grammar with \xHH escapes as \u00HH, so it parses back exactly."""
-    return _SHORT_ESCAPE.sub(r"\1\\u00\2", ebnf)

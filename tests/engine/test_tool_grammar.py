@@ -6,10 +6,10 @@ import copy
 import json
 
 import pytest
-import xgrammar as xgr
 
 from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.errors import RequestRejected
+from paged_llm.engine.structured.matcher import GrammarCompiler
 from paged_llm.engine.structured.tool_grammar import (
     ToolCallFormat,
     detect_tool_call_format,
@@ -82,9 +82,10 @@ def test_the_grammar_admits_text_then_only_offered_calls() -> None:
     engine = make_engine(vocab_size=49152)
     tag = tool_call_structural_tag(TOOLS)
     compiled = engine.structured.compile(SamplingParams(structural_tag=tag))
+    assert compiled is not None
 
     def admits(text: str) -> bool:
-        matcher = xgr.GrammarMatcher(compiled)
+        matcher = compiled.matcher()
         return matcher.accept_string(text)
 
     assert admits("Sure, turning it on. ")
@@ -104,15 +105,15 @@ def test_mistral_special_token_opens_a_call() -> None:
     tokenizer = copy.deepcopy(make_engine(vocab_size=49152).loaded.tokenizer)
     tokenizer.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
     token = tokenizer.convert_tokens_to_ids("[TOOL_CALLS]")
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
     tag = tool_call_structural_tag(TOOLS, ToolCallFormat.MISTRAL)
-    compiled = xgr.GrammarCompiler(info).compile_structural_tag(json.dumps(tag))
+    compiled = compiler.compile("structural_tag", json.dumps(tag), None)
 
-    matcher = xgr.GrammarMatcher(compiled)
+    matcher = compiled.matcher()
     assert matcher.accept_string("Turning it on. ")
     assert matcher.accept_token(token)
     assert matcher.accept_string('[{"name": "HassTurnOn", "arguments": {"name": "lamp"}}]')
     # After the token, only an offered tool's call may follow.
-    refused = xgr.GrammarMatcher(compiled)
+    refused = compiled.matcher()
     assert refused.accept_token(token)
     assert not refused.accept_string('[{"name": "Unknown"')
