@@ -14,14 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import llguidance
 import openai
 import pytest
-import xgrammar as xg
-from xgrammar.testing import _is_grammar_accept_string as accepts
+from tokenizers import Tokenizer
 
 from paged_llm.defaults import DEFAULT_MODEL
+from paged_llm.engine.structured.json_bounds import bounded_schema
 
 from server_process import API_KEY, ServerProcess, start_server
+from support import tokenizer_dir
 
 pytestmark = pytest.mark.slow
 
@@ -132,9 +134,18 @@ def bundled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
 
 
 def _valid(schema: dict[str, Any], text: str) -> bool:
-    """Whether ``text`` is JSON that ``schema`` takes (xgrammar's own grammar of it)."""
-    grammar = xg.Grammar.from_json_schema(json.dumps(schema), any_whitespace=True)
-    return bool(accepts(grammar, text))
+    """Whether ``text`` is JSON that ``schema`` takes, any whitespace, no unlisted members.
+
+    Checked with llguidance's own grammar of the schema, read strictly as the engine reads
+    it (the engine's JSON bounds left out: they are what is under test).
+    """
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir() / "tokenizer.json"))
+    llt = llguidance.LLTokenizer(tokenizer.to_str())
+    strict = bounded_schema(schema, None, strict=True)
+    strict["x-guidance"] = {"json_allow_general_unicode_escapes": True}
+    grammar = llguidance.grammar_from("json_schema", json.dumps(strict))
+    matcher = llguidance.LLMatcher(llt, grammar, log_level=0)
+    return bool(matcher.consume_tokens(llt.tokenize_str(text)) and matcher.is_accepting())
 
 
 async def test_eight_schemas_and_four_tool_requests_all_come_back_whole(
