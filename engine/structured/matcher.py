@@ -43,7 +43,8 @@ COMPACT = {
 
 def _llguidance() -> Any:
     """The llguidance module, imported on first use (a clear error when it is missing)."""
-    import llguidance  # noqa: PLC0415  (optional: only constrained requests need it)
+    # Imported here: only constrained requests need it, and a missing one is reported then.
+    import llguidance
 
     return llguidance
 
@@ -139,7 +140,7 @@ class Matcher:
 
 
 class GrammarCompiler:
-    """Compiles constraints over one tokenizer's vocabulary (the llguidance tokenizer is built once)."""
+    """Compiles constraints over one tokenizer's vocabulary (its llguidance view built once)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
         """Build the llguidance view of ``tokenizer`` (about half a second at 49,152 tokens).
@@ -155,9 +156,7 @@ class GrammarCompiler:
         # The mask covers the model's rows and every token the tokenizer has.
         self.vocab_size = max(vocab_size, backend.get_vocab_size(with_added_tokens=True))
         stops = list(stop_token_ids) or [tokenizer.eos_token_id]
-        self.tokenizer = llg.LLTokenizer(
-            backend.to_str(), n_vocab=self.vocab_size, eos_token=stops
-        )
+        self.tokenizer = llg.LLTokenizer(backend.to_str(), n_vocab=self.vocab_size, eos_token=stops)
         self.stop_token_ids = frozenset(int(t) for t in stops if t is not None)
 
     def special_token(self, text: str) -> int | None:
@@ -168,7 +167,7 @@ class GrammarCompiler:
         return None
 
     def grammar_text(self, field: str, text: str, bounds: JsonBounds | None) -> str:
-        """llguidance's grammar for one constraint field (ValueError where it cannot be read).
+        """The llguidance grammar of one constraint field (ValueError where it cannot be read).
 
         JSON (a schema, any object, tool calls) gets ``bounds`` on its free values; a
         regex or grammar the caller wrote is compiled as written.

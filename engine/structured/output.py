@@ -203,7 +203,9 @@ class StructuredOutput:
             self.sync(seq)  # the engine syncs after each step; this covers any other caller
             matcher = self._trackers[seq.request_id].matcher
             if matcher.is_error():
-                raise RuntimeError(f"the grammar of {seq.request_id} failed: {matcher.inner.get_error()}")
+                raise RuntimeError(
+                    f"the grammar of {seq.request_id} failed: {matcher.inner.get_error()}"
+                )
             token = self._closing_token(seq)
             if token is not None:
                 batch.forced[i] = token

@@ -134,8 +134,10 @@ class _Writer:
         """Free text, with tags after each trigger (xgrammar's TagDispatch)."""
         triggers = fmt.get("triggers")
         tags = fmt.get("tags")
-        if not isinstance(triggers, list) or not triggers or not all(
-            isinstance(t, str) and t for t in triggers
+        if (
+            not isinstance(triggers, list)
+            or not triggers
+            or not all(isinstance(t, str) and t for t in triggers)
         ):
             raise ValueError("triggered_tags needs non-empty trigger strings")
         if not isinstance(tags, list) or not tags:
@@ -163,8 +165,9 @@ class _Writer:
             calls.append(f"{head} ({rest})")
         call = self.rule(" | ".join(calls))
         first = self.rule(" | ".join(firsts))
-        at_least_one, stop_after_first = bool(fmt.get("at_least_one")), bool(
-            fmt.get("stop_after_first")
+        at_least_one, stop_after_first = (
+            bool(fmt.get("at_least_one")),
+            bool(fmt.get("stop_after_first")),
         )
         if stop_after_first:
             return first if at_least_one else f"({call} | {self.text()})"

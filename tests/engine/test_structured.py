@@ -14,7 +14,7 @@ from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
 
 from support import make_engine
 
-# The tiny models take the bundled tokenizer's full vocabulary here, so xgrammar's view of
+# The tiny models take the bundled tokenizer's full vocabulary here, so llguidance's view of
 # the tokens matches the logits.
 VOCAB = 49152
 SCHEMA = {
@@ -159,8 +159,8 @@ def test_constrained_output_parses_validates_and_stops_at_the_grammars_end(engin
 
 
 def test_latin_letters_before_hex_digits_come_out_as_written(engine) -> None:
-    """ "Küche": xgrammar printed ü as \\xfc and read \\xfcc back as U+0FCC (the engine
-    re-parses the printed grammar); each value must come out exactly."""
+    """ "Küche": xgrammar once printed ü as \\xfc and read \\xfcc back as U+0FCC; with any
+    grammar library each value must come out exactly."""
     rooms = ["Küche 1a", "Fußboden", "Réception", "Café 2", "寝室 ✨"]
     requests = {
         room: (
