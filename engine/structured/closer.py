@@ -61,10 +61,10 @@ class Closer:
                         return None
                 taken.extend(forced)
                 continue
-            token = self._next(fork)
-            if token is None:
+            chosen = self._next(fork)
+            if chosen is None:
                 return None
-            taken.append(token)
+            taken.append(chosen)
         return taken
 
     def _next(self, fork: Matcher) -> int | None:

@@ -78,7 +78,10 @@ def any_object_schema(bounds: JsonBounds | None) -> dict[str, Any]:
     """Any JSON object (``json_object``), bounded when ``bounds`` is given."""
     if bounds is None:
         return {"type": "object"}
-    return bounded_schema({"type": "object", "additionalProperties": True}, bounds, strict=False)
+    schema: dict[str, Any] = bounded_schema(
+        {"type": "object", "additionalProperties": True}, bounds, strict=False
+    )
+    return schema
 
 
 def bounded_schema(schema: Any, bounds: JsonBounds | None, *, strict: bool) -> Any:
