@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from support import CACHE, TINY_VERSION, build_tiny_model
+from tests.helpers.support import CACHE, TINY_VERSION, build_tiny_model
 
 
 @pytest.fixture(scope="session")

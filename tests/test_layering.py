@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.without_torch import run_without_torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Imports every module of the named packages with some top-level names made unimportable.
@@ -148,3 +150,133 @@ def test_the_reach_through_check_finds_one() -> None:
         ]
     finally:
         probe.unlink(missing_ok=True)
+
+
+# Where each import name's modules live in the checkout.
+PACKAGE_DIRS = {
+    "paged_llm": ROOT / "package",
+    "paged_llm.client": ROOT / "client",
+    "paged_llm.engine": ROOT / "engine",
+    "paged_llm.kernels": ROOT / "kernels",
+    "paged_llm.protocol": ROOT / "protocol",
+    "paged_llm.server": ROOT / "server",
+    "custom_components.paged_llm": ROOT / "custom_components" / "paged_llm",
+}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the library and the integration by its import name."""
+    found: dict[str, Path] = {}
+    for name, folder in PACKAGE_DIRS.items():
+        for path in sorted(folder.rglob("*.py")):
+            if name == "paged_llm" and path.parent != folder:
+                continue  # package/ holds the root's own modules only
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([name, *parts])] = path
+    return found
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """Line numbers of imports under ``if TYPE_CHECKING:``, which never run."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                for sub in ast.walk(inner):
+                    lines.add(getattr(sub, "lineno", 0))
+    return lines
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules ``name`` imports at run time, at module level or inside a function."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_only(tree)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    edges: set[str] = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", 0) in skip:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        for target in targets:
+            # The module itself, or the nearest package above it that is one of ours.
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+    return edges
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the modules it imports, packages' __init__ edges left out.
+
+    A package's ``__init__`` runs before any of its modules, so ``a.b`` importing ``a``
+    is no cycle; only module-to-module edges count.
+    """
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    return {
+        name: {t for t in targets if not name.startswith(t + ".")}
+        for name, targets in graph.items()
+    }
+
+
+def test_no_import_cycles() -> None:
+    graph = _import_graph()
+    assert len(graph) > 120
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_finds_one() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_torch_guard_fails_on_torch() -> None:
+    # The guard the CPU path's tests run under: a blocked import is an error, not a pass.
+    assert run_without_torch("import torch").returncode != 0
+    assert run_without_torch("import json").returncode == 0

@@ -23,8 +23,7 @@ from paged_llm_addon.command import Plan
 from paged_llm_addon.model import DownloadProgress, Model, download
 from paged_llm_addon.options import AddonError
 from paged_llm_addon.supervisor import SERVICE, Supervisor, SupervisorError
-
-from remote_server import free_port
+from tests.helpers.remote_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = Plan(["paged-llm", "serve"], {}, 8000, "tiny", "key", "serving tiny")

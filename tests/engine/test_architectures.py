@@ -25,8 +25,7 @@ from paged_llm.engine.model.architectures import (
     unsupported_generation_setting,
 )
 from paged_llm.engine.model.loader import load_model
-
-from support import make_engine, tiny_config
+from tests.helpers.support import make_engine, tiny_config
 
 REFUSED = [
     (BloomConfig(n_layer=1, hidden_size=32, n_head=2), "ALiBi"),

@@ -19,8 +19,7 @@ from paged_llm.engine.errors import (
     RequestRejected,
 )
 from paged_llm.engine.metrics import MetricsSnapshot
-
-from support import becomes_true, make_loaded
+from tests.helpers.support import becomes_true, make_loaded
 
 
 async def started(**overrides: object) -> AsyncEngine:

@@ -14,8 +14,7 @@ from paged_llm.engine.core.kv.contiguous import ContiguousKVCacheManager
 from paged_llm.engine.core.kv.paged import KVCacheManager
 from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence, SequenceStatus
 from paged_llm.engine.errors import EngineDeadError
-
-from support import make_loaded
+from tests.helpers.support import make_loaded
 
 BLOCK = 4
 

@@ -12,8 +12,7 @@ import pytest
 from paged_llm.engine.core.sequence import FinishReason, SamplingParams
 from paged_llm.engine.structured.closer import Closer
 from paged_llm.engine.structured.tool_grammar import tool_call_structural_tag
-
-from support import make_engine
+from tests.helpers.support import make_engine
 
 VOCAB = 49152
 SCHEMAS: list[dict[str, Any]] = [

@@ -6,8 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from paged_llm.engine.detokenizer import Detokenizer
-
-from support import tokenizer_dir
+from tests.helpers.support import tokenizer_dir
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,7 @@ import pytest
 
 from paged_llm.engine.core.sequence import Priority, SamplingParams
 from paged_llm.engine.metrics import EngineState
-
-from support import make_engine
+from tests.helpers.support import make_engine
 
 
 def test_state_reads_prompts_then_generates_then_idles() -> None:

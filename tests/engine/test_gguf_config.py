@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +18,8 @@ from paged_llm.engine.model import native_model
 from paged_llm.engine.model.gguf_config import GGUFConfig, read_config
 from paged_llm.engine.model.loader import bundled_gguf_path
 from paged_llm.engine.model.rope import Rope, cos_sin, inverse_frequencies, tables
-
-from gguf_files import write_gguf
+from tests.helpers.gguf_files import write_gguf
+from tests.helpers.without_torch import BLOCKED, run_without_torch
 
 ROOT = Path(__file__).resolve().parents[2]
 QK = gguf.GGMLQuantizationType
@@ -473,46 +470,19 @@ def test_per_layer_arrays_and_unreadable_files_are_load_errors(tmp_path: Path) -
         read_config(tmp_path / "bad.gguf")
 
 
-# Loads the two modules by file path under stub parent packages (paged_llm/engine/__init__.py
-# imports torch) with torch and transformers made unimportable, and uses them.
-PROBE = textwrap.dedent(
-    """
-    import importlib, importlib.abc, sys, types
+# Uses the two modules where torch, transformers and even gguf cannot be imported.
+PROBE = """
+from paged_llm.engine.model import gguf_config, rope
 
-    BLOCKED = ("torch", "transformers", "gguf", "triton", "xgrammar")
-
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if any(name == b or name.startswith(b + ".") for b in BLOCKED):
-                raise ImportError(f"{{name}} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, Block())
-    for name, folder in (("paged_llm", {root!r}), ("paged_llm.engine", {root!r} + "/engine"),
-                         ("paged_llm.engine.model", {root!r} + "/engine/model")):
-        stub = types.ModuleType(name)
-        stub.__path__ = [folder]
-        sys.modules[name] = stub
-    config = importlib.import_module("paged_llm.engine.model.gguf_config")
-    rope = importlib.import_module("paged_llm.engine.model.rope")
-    read = config.read_config({path!r})
-    cos, sin = rope.cos_sin(read.rope, 16)
-    assert cos.shape == (16, 64), cos.shape
-    leaked = sorted(n for n in sys.modules if any(n == b or n.startswith(b + ".") for b in BLOCKED))
-    assert not leaked, leaked
-    print(read.model_type, read.num_hidden_layers)
-    """
-)
+read = gguf_config.read_config({path!r})
+cos, sin = rope.cos_sin(read.rope, 16)
+assert cos.shape == (16, 64), cos.shape
+print(read.model_type, read.num_hidden_layers)
+"""
 
 
 def test_modules_import_neither_torch_nor_transformers() -> None:
     path = str(bundled_gguf_path("SmolLM2-135M-Instruct"))
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE.format(root=str(ROOT), path=path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = run_without_torch(PROBE.format(path=path), blocked=(*BLOCKED, "gguf"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["llama", "30"]

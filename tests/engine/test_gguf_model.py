@@ -25,9 +25,8 @@ from paged_llm.engine.model.gguf_layers import GGUFEmbedding, GGUFLinear
 from paged_llm.engine.model.gguf_transformers import config_and_tokenizer
 from paged_llm.engine.model.loader import bundled_gguf_path, load_model
 from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
-
-from gguf_files import QK, write_gguf
-from support import CACHE, recorded_logits
+from tests.helpers.gguf_files import QK, write_gguf
+from tests.helpers.support import CACHE, recorded_logits
 
 pytestmark = pytest.mark.skipif(
     gguf_kernels.unavailable() is not None, reason=f"no GGUF kernels: {gguf_kernels.unavailable()}"

@@ -13,9 +13,6 @@ import itertools
 import json
 import random
 import re
-import subprocess
-import sys
-import textwrap
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +29,7 @@ from paged_llm.engine.model import loader
 from paged_llm.engine.model.loader import bundled_gguf_path
 from paged_llm.engine.tokenizer import gguf_tokenizer
 from paged_llm.engine.tokenizer.gguf_tokenizer import GGUFTokenizer, bytes_to_unicode
+from tests.helpers.without_torch import run_without_torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SPIECE = "\u2581"
@@ -634,44 +632,19 @@ def test_file_without_vocabulary(tmp_path: Path) -> None:
         GGUFTokenizer.from_gguf(tmp_path / "bare.gguf")
 
 
-# Imports the tokenizer module with torch and transformers unimportable. paged_llm.engine's
-# __init__ checks for the torch extra, so the packages above the module are stood in for by
-# bare package objects (their __path__ only), which is what importing them would give
-# without that check.
-NO_TORCH = textwrap.dedent(
-    """
-    import importlib.abc, sys, types
-
-    BLOCKED = ("torch", "transformers", "triton", "xgrammar", "accelerate")
-
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ImportError(f"{{name}} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, Block())
-    for folder in ("engine", "engine/model"):
-        package = types.ModuleType("paged_llm." + folder.replace("/", "."))
-        package.__path__ = [{root!r} + "/" + folder]
-        sys.modules[package.__name__] = package
-    from paged_llm.engine.tokenizer.gguf_tokenizer import GGUFTokenizer
-    tokenizer = GGUFTokenizer.from_gguf({path!r})
-    ids = tokenizer.encode("<|im_start|>user\\nSchöne Grüße 🤖<|im_end|>")
-    assert tokenizer.decode(ids, skip_special_tokens=True) == "user\\nSchöne Grüße 🤖", ids
-    leaked = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED)
-    assert not leaked, leaked
-    print(len(ids))
-    """
-)
+# Builds and uses the tokenizer where torch and transformers cannot be imported.
+NO_TORCH = """
+from paged_llm.engine.tokenizer.gguf_tokenizer import GGUFTokenizer
+tokenizer = GGUFTokenizer.from_gguf({path!r})
+ids = tokenizer.encode("<|im_start|>user\\nSchöne Grüße 🤖<|im_end|>")
+assert tokenizer.decode(ids, skip_special_tokens=True) == "user\\nSchöne Grüße 🤖", ids
+print(len(ids))
+"""
 
 
 def test_imports_neither_torch_nor_transformers(files: dict[str, Path]) -> None:
     """Building and using the tokenizer works where torch and transformers cannot be imported."""
-    code = NO_TORCH.format(root=str(ROOT), path=str(files["bundled-smollm2"]))
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
-    )
+    result = run_without_torch(NO_TORCH.format(path=str(files["bundled-smollm2"])))
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stdout.strip()) > 5
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from paged_llm.engine.core.sequence import SamplingParams
-
-from support import make_engine, tiny_config
+from tests.helpers.support import make_engine, tiny_config
 
 # (prompt length, max_tokens, arrival step) for 16 requests: lengths 1..300, 1..64 tokens.
 rng = random.Random(11)

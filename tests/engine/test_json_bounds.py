@@ -12,8 +12,7 @@ from paged_llm.engine.core.sequence import FinishReason, SamplingParams
 from paged_llm.engine.structured.json_bounds import JsonBounds, open_string_length
 from paged_llm.engine.structured.matcher import Grammar, GrammarCompiler
 from paged_llm.engine.structured.tool_grammar import tool_call_structural_tag
-
-from support import make_engine
+from tests.helpers.support import make_engine
 
 SMALL = JsonBounds(integer_digits=3, fraction_digits=2, items=2)
 FREE = {

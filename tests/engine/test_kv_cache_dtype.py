@@ -29,8 +29,7 @@ from paged_llm.engine.model.runner import (
     resolve_kv_dtype,
 )
 from paged_llm.kernels.cpu import attention as cpu_attention
-
-from support import make_engine, make_loaded, tiny_config
+from tests.helpers.support import make_engine, make_loaded, tiny_config
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")

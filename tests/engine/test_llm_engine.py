@@ -9,8 +9,7 @@ import torch
 
 from paged_llm.engine.core.sequence import FinishReason, Priority, SamplingParams
 from paged_llm.engine.errors import KVBudgetError, RequestRejected
-
-from support import make_engine
+from tests.helpers.support import make_engine
 
 
 def reference_greedy(

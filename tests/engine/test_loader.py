@@ -21,8 +21,7 @@ from paged_llm.engine.model.loader import (
 )
 from paged_llm.engine.model.memory import RUNTIME_BYTES, weight_bytes
 from paged_llm.kernels.cpu import attention as cpu_attention
-
-from support import CACHE, tokenizer_dir
+from tests.helpers.support import CACHE, tokenizer_dir
 
 
 def test_end_of_turn_tokens_stop_as_llama_cpp_stops_on_the_same_file() -> None:

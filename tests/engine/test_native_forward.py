@@ -20,8 +20,7 @@ from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.model.native_forward import NativeForward
 from paged_llm.kernels.cpu import forward as cpu_forward
 from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
-
-from support import greedy_together, in_place_f32, make_loaded, recorded_logits
+from tests.helpers.support import greedy_together, in_place_f32, make_loaded, recorded_logits
 
 pytestmark = pytest.mark.skipif(
     cpu_forward.unavailable() is not None, reason=f"no C forward: {cpu_forward.unavailable()}"

@@ -23,9 +23,14 @@ from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.model.loader import load_model
 from paged_llm.engine.model.native_model import NativeModel, Rotary, can_build
 from paged_llm.kernels.cpu import forward as cpu_forward
-
-from gguf_files import QK, write_gguf
-from support import greedy_together, in_place_f32, make_loaded, recorded_logits, tiny_config
+from tests.helpers.gguf_files import QK, write_gguf
+from tests.helpers.support import (
+    greedy_together,
+    in_place_f32,
+    make_loaded,
+    recorded_logits,
+    tiny_config,
+)
 
 pytestmark = pytest.mark.skipif(
     cpu_forward.unavailable() is not None, reason=f"no C forward: {cpu_forward.unavailable()}"

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +15,7 @@ from paged_llm.engine.sample.numpy_penalties import apply_penalties as numpy_pen
 from paged_llm.engine.sample.numpy_sampler import NumpySampler
 from paged_llm.engine.sample.penalties import apply_penalties as torch_penalties
 from paged_llm.engine.sample.sampler import _TOPK_FAST_LIMIT, Sampler, _kept_floor, _whole_row_floor
+from tests.helpers.without_torch import run_without_torch
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -398,48 +396,21 @@ def test_half_logits_are_penalised_in_float32_like_torch() -> None:
 
 # --- no torch -------------------------------------------------------------------------------
 
-PROBE = textwrap.dedent(
-    """
-    import importlib.abc, sys, types
+PROBE = """
+import numpy as np
+from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence
+from paged_llm.engine.sample.numpy_penalties import apply_penalties
+from paged_llm.engine.sample.numpy_sampler import NumpySampler
 
-    BLOCKED = ("torch", "transformers")
-
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if any(name == b or name.startswith(b + ".") for b in BLOCKED):
-                raise ImportError(f"{{name}} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, Block())
-    # paged_llm.engine's __init__ checks for the torch extra: stand in for it (and for
-    # sample's) with bare packages over the same folders.
-    for name in ("engine", "engine/sample"):
-        package = types.ModuleType("paged_llm." + name.replace("/", "."))
-        package.__path__ = [{root!r} + "/" + name]
-        sys.modules[package.__name__] = package
-    import numpy as np
-    from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence
-    from paged_llm.engine.sample.numpy_penalties import apply_penalties
-    from paged_llm.engine.sample.numpy_sampler import NumpySampler
-
-    s = Sequence("r", [1, 2], SamplingParams(top_p=0.9, seed=1, repetition_penalty=1.2),
-                 Priority.INTERACTIVE, 0.0)
-    logits = np.random.default_rng(0).standard_normal((1, 100)).astype(np.float32)
-    apply_penalties(logits, [s])
-    print(NumpySampler().sample(logits, [s])[0])
-    leaked = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED)
-    assert not leaked, leaked
-    """
-)
+s = Sequence("r", [1, 2], SamplingParams(top_p=0.9, seed=1, repetition_penalty=1.2),
+             Priority.INTERACTIVE, 0.0)
+logits = np.random.default_rng(0).standard_normal((1, 100)).astype(np.float32)
+apply_penalties(logits, [s])
+print(NumpySampler().sample(logits, [s])[0])
+"""
 
 
 def test_the_modules_import_neither_torch_nor_transformers() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE.format(root=str(ROOT))],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = run_without_torch(PROBE)
     assert result.returncode == 0, result.stderr[-3000:]
     assert 0 <= int(result.stdout.strip()) < 100

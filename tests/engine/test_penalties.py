@@ -16,8 +16,7 @@ from paged_llm.engine.errors import InvalidSamplingParams
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.model.loader import load_model
 from paged_llm.engine.sample.penalties import apply_penalties
-
-from support import make_engine
+from tests.helpers.support import make_engine
 
 
 def seq(prompt: list[int], output: list[int], **params: object) -> Sequence:

@@ -30,8 +30,7 @@ from paged_llm.engine.model.quant import (
     quantize_q8,
     set_module,
 )
-
-from support import make_loaded
+from tests.helpers.support import make_loaded
 
 CPU = torch.device("cpu")
 

@@ -16,8 +16,7 @@ from paged_llm.engine.errors import (
     InvalidSamplingParams,
     RequestRejected,
 )
-
-from support import make_engine, make_loaded
+from tests.helpers.support import make_engine, make_loaded
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 

@@ -9,8 +9,7 @@ from paged_llm.engine.core.sequence import Priority, SamplingParams, Sequence
 from paged_llm.engine.errors import InvalidSamplingParams
 from paged_llm.engine.model.runner import kv_bytes_per_block
 from paged_llm.engine.sample.sampler import Sampler
-
-from support import make_engine, tiny_config
+from tests.helpers.support import make_engine, tiny_config
 
 CPU = torch.device("cpu")
 

@@ -18,8 +18,7 @@ from transformers import AutoModelForCausalLM
 from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.model.runner import kv_bytes_per_block
-
-from support import make_loaded, tiny_config
+from tests.helpers.support import make_loaded, tiny_config
 
 # (prompt length, max_tokens, arrival step): most prompts are longer than every window.
 rng = random.Random(7)

@@ -11,8 +11,7 @@ import torch
 
 from paged_llm.engine.core.sequence import FinishReason, Priority, SamplingParams
 from paged_llm.engine.errors import InvalidSamplingParams, RequestRejected
-
-from support import make_engine
+from tests.helpers.support import make_engine
 
 # The tiny models take the bundled tokenizer's full vocabulary here, so llguidance's view of
 # the tokens matches the logits.

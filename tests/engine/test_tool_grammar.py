@@ -15,8 +15,7 @@ from paged_llm.engine.structured.tool_grammar import (
     detect_tool_call_format,
     tool_call_structural_tag,
 )
-
-from support import make_engine
+from tests.helpers.support import make_engine
 
 TOOLS = [
     {

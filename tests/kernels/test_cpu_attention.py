@@ -13,8 +13,7 @@ import torch
 
 from paged_llm.kernels import PagedAttentionInputs, reference
 from paged_llm.kernels.cpu import attention as cpu_attention
-
-from kernel_cases import (
+from tests.helpers.kernel_cases import (
     LONG,
     LONG_CONFIGS,
     TOLERANCE,

@@ -11,8 +11,7 @@ import torch
 
 from paged_llm import kernels
 from paged_llm.kernels import dispatch, reference
-
-from kernel_cases import TOLERANCE, make_step, rel_err
+from tests.helpers.kernel_cases import TOLERANCE, make_step, rel_err
 
 triton_attention = pytest.importorskip("paged_llm.kernels.triton.attention")
 triton_store = pytest.importorskip("paged_llm.kernels.triton.store")

@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from paged_llm.kernels.cpu import gguf_matmul as gk
-
-from support import CACHE
+from tests.helpers.support import CACHE
 
 pytestmark = pytest.mark.skipif(
     gk.unavailable() is not None, reason=f"no GGUF CPU kernels: {gk.unavailable()}"

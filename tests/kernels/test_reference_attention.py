@@ -14,8 +14,7 @@ import torch
 from paged_llm import kernels
 from paged_llm.kernels import dispatch, reference
 from paged_llm.kernels.inputs import PlanCache
-
-from kernel_cases import (
+from tests.helpers.kernel_cases import (
     TOLERANCE,
     AttentionConfig,
     in_pool,

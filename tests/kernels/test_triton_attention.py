@@ -12,8 +12,13 @@ import torch
 
 from paged_llm.kernels import reference
 from paged_llm.kernels.triton.config import tile_shape
-
-from kernel_cases import TOLERANCE, AttentionConfig, oracle, poison_outside_window, rel_err
+from tests.helpers.kernel_cases import (
+    TOLERANCE,
+    AttentionConfig,
+    oracle,
+    poison_outside_window,
+    rel_err,
+)
 
 triton_attention = pytest.importorskip("paged_llm.kernels.triton.attention")
 if not triton_attention.INTERPRETED:

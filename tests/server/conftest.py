@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from server_process import MODEL, ServerProcess, start_server
-from support import CACHE, TINY_VERSION
+from tests.helpers.server_process import MODEL, ServerProcess, start_server
+from tests.helpers.support import CACHE, TINY_VERSION
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripted_model import build_scripted_model
+from tests.helpers.scripted_model import build_scripted_model
 
 ANSWER = "The answer is 42. Done now!"
 COMMAND = Path(sys.executable).parent / "paged-llm"

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from server_process import MODEL, ServerProcess, start_server
+from tests.helpers.server_process import MODEL, ServerProcess, start_server
 
 HELLO = [{"role": "user", "content": "Tell me about the kitchen lights."}]
 

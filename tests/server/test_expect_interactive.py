@@ -13,8 +13,7 @@ from paged_llm.engine.config import EngineConfig
 from paged_llm.server.app import make_app
 from paged_llm.server.host import EngineHost
 from paged_llm.server.settings import ServerSettings
-
-from support import becomes_true
+from tests.helpers.support import becomes_true
 
 
 async def test_an_announcement_holds_the_budget_and_needs_the_key(

@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from server_process import API_KEY, MODEL, ServerProcess
+from tests.helpers.server_process import API_KEY, MODEL, ServerProcess
 
 HELLO = [{"role": "user", "content": "Tell me about the kitchen lights."}]
 

@@ -21,9 +21,8 @@ from tokenizers import Tokenizer
 
 from paged_llm.defaults import DEFAULT_MODEL
 from paged_llm.engine.structured.json_bounds import bounded_schema
-
-from server_process import API_KEY, ServerProcess, start_server
-from support import tokenizer_dir
+from tests.helpers.server_process import API_KEY, ServerProcess, start_server
+from tests.helpers.support import tokenizer_dir
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from scripted_model import build_scripted_model
-from server_process import API_KEY, MODEL, ServerProcess, start_server
+from tests.helpers.scripted_model import build_scripted_model
+from tests.helpers.server_process import API_KEY, MODEL, ServerProcess, start_server
 
 # The model's whole answer, every token distinct (the scripted model is a bigram table).
 CALL = '{"name":"lights","arguments": {"room" : "kitchen"} }'
@@ -131,8 +131,7 @@ def test_a_template_without_tools_gets_them_as_hermes_instructions(client: opena
     from transformers import AutoTokenizer
 
     from paged_llm.protocol.tool_prompt import tools_as_text
-
-    from support import tokenizer_dir
+    from tests.helpers.support import tokenizer_dir
 
     history = [{"role": "system", "content": "Be brief."}, *HISTORY]
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from server_process import MODEL, ServerProcess
+from tests.helpers.server_process import MODEL, ServerProcess
 
 HELLO = [{"role": "user", "content": "Tell me about the kitchen lights."}]
 

@@ -13,7 +13,7 @@ from homeassistant.components.http.const import DOMAIN as HTTP_DOMAIN
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import issue_registry as ir
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _develop_http() -> Any:

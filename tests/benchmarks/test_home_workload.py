@@ -8,8 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from benchmarks.workload import MODES, build_workload
-
-from support import tokenizer_dir
+from tests.helpers.support import tokenizer_dir
 
 
 @pytest.fixture(scope="module")

@@ -24,16 +24,16 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_e2e_hass import (
-    _NOT_IN_HOME_ASSISTANT_OS,
+
+from tests.helpers.home_assistant import (
     CONFIGURATION,
+    NOT_IN_HOME_ASSISTANT_OS,
     ROOT,
     HomeAssistantProcess,
-    _free_port,
-    _kill,
+    free_port,
+    kill,
 )
-
-from remote_server import ServerProcess
+from tests.helpers.remote_server import ServerProcess
 
 LIBRARY = "paged-llm"
 # Requirements of Home Assistant's own components that it would install at run time
@@ -148,7 +148,7 @@ def _home_assistant_only(folder: Path) -> Path:
         if line.split("#")[0].strip()
     ]
     # The library's own dependency must come through Home Assistant's install too.
-    skip = _NOT_IN_HOME_ASSISTANT_OS | {"prometheus-client"}
+    skip = NOT_IN_HOME_ASSISTANT_OS | {"prometheus-client"}
     wanted = [pin for pin in pins if re.split(r"[=<>\[ ]", pin)[0] not in skip]
     venv = folder / "venv"
     _run(_uv(), "venv", "--quiet", "--python", sys.executable, str(venv))
@@ -229,7 +229,7 @@ def test_hacs_install_gets_the_library_from_its_pin_and_upgrades_it(
         _repack_installed("prometheus-client", wheels)
         venv = _home_assistant_only(tmp_path / "ha")
         assert _installed_version(venv) is None
-        port = _free_port()
+        port = free_port()
         config_dir = _config_folder(tmp_path, port)
         manifest_path = config_dir / "custom_components" / "paged_llm" / "manifest.json"
         assert json.loads(manifest_path.read_text())["requirements"] == [f"{LIBRARY}=={VERSION}"]
@@ -278,5 +278,5 @@ def test_hacs_install_gets_the_library_from_its_pin_and_upgrades_it(
         assert f"Unable to install package {LIBRARY}" not in log
     finally:
         if hass is not None:
-            _kill(hass)
+            kill(hass)
         server.stop()

@@ -17,7 +17,7 @@ import gguf
 import numpy as np
 import torch
 
-from support import tiny_config, tokenizer_dir
+from tests.helpers.support import tiny_config, tokenizer_dir
 
 QK = gguf.GGMLQuantizationType
 

@@ -13,17 +13,17 @@ from homeassistant.const import CONF_NAME
 from homeassistant.core import Event, HomeAssistant, callback
 from homeassistant.data_entry_flow import EVENT_DATA_ENTRY_FLOW_PROGRESS_UPDATE, FlowResultType
 from pytest_homeassistant_custom_component.common import MockConfigEntry
-from test_config_flow import _user_flow
 
 from custom_components.paged_llm.config_flow import BUNDLED_LABEL, model_label
 from custom_components.paged_llm.const import DEFAULT_CONVERSATION_NAME
 from paged_llm.defaults import DEFAULT_MODEL
 from paged_llm.engine import async_engine
 from paged_llm.engine.model.runner import kv_bytes_per_block
+from tests.components.paged_llm.test_config_flow import _user_flow
 
 pytestmark = pytest.mark.usefixtures("ha_core")
 STRINGS = json.loads(
-    (Path(__file__).resolve().parents[2] / "custom_components/paged_llm/strings.json").read_text(
+    (Path(__file__).resolve().parents[3] / "custom_components/paged_llm/strings.json").read_text(
         encoding="utf-8"
     )
 )

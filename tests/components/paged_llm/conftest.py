@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,10 @@ from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-ROOT = Path(__file__).resolve().parents[2]
 # Home Assistant finds custom integrations by importing the `custom_components` package.
-# Import ours now: Home Assistant's loader would otherwise import the test harness's own
-# `custom_components` (from its testing config folder) first, which lacks paged_llm.
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# Import ours now (the checkout's root is on sys.path through pytest's `pythonpath`): Home
+# Assistant's loader would otherwise import the test harness's own `custom_components`
+# (from its testing config folder) first, which lacks paged_llm.
 importlib.import_module("custom_components")
 
 DOMAIN = "paged_llm"

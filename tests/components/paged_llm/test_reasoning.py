@@ -11,10 +11,10 @@ from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import chat_session
 from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
-from test_conversation import _conversation_entity_id, _StandInEngine
 
 from custom_components.paged_llm.const import CONF_THINK, DOMAIN
 from custom_components.paged_llm.reasoning import ThinkSplitter
+from tests.components.paged_llm.test_conversation import _conversation_entity_id, _StandInEngine
 
 
 def _split(pieces: list[str]) -> tuple[str, str]:

@@ -31,9 +31,8 @@ from custom_components.paged_llm.diagnostics import async_get_config_entry_diagn
 from custom_components.paged_llm.engine_install import engine_requirements
 from custom_components.paged_llm.home_grammar import async_get_home
 from paged_llm.protocol.tool_prompt import template_shows_tools, template_source, tools_as_text
-
-from remote_server import ServerProcess, free_port
-from support import becomes_true
+from tests.helpers.remote_server import ServerProcess, free_port
+from tests.helpers.support import becomes_true
 
 DOMAIN = "paged_llm"
 API_KEY = "test-key-123"

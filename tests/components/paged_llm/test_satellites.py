@@ -7,7 +7,7 @@ import asyncio
 from homeassistant.core import HomeAssistant
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from support import becomes_true
+from tests.helpers.support import becomes_true
 
 HOLD_S = 0.3
 

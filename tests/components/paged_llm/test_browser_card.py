@@ -15,10 +15,15 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from test_e2e_hass import CONFIGURATION as E2E_CONFIGURATION
-from test_e2e_hass import HomeAssistantProcess, authenticated_websocket, running_home_assistant
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.home_assistant import CONFIGURATION as E2E_CONFIGURATION
+from tests.helpers.home_assistant import (
+    HomeAssistantProcess,
+    authenticated_websocket,
+    running_home_assistant,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
 CHROMIUM = os.environ.get("PAGED_LLM_CHROMIUM") or shutil.which("chromium")
 # Where to copy the screenshot as well (docs/img when refreshing the README's picture).
 SCREENSHOT_DIR = os.environ.get("PAGED_LLM_SCREENSHOT_DIR")

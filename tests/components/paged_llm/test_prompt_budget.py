@@ -28,8 +28,7 @@ from custom_components.paged_llm import prompt_budget, runtime
 from custom_components.paged_llm.const import DOMAIN
 from paged_llm.engine.async_engine import AsyncEngine
 from paged_llm.engine.llm_engine import LLMEngine
-
-from remote_server import free_port
+from tests.helpers.remote_server import free_port
 
 ASSIST = {CONF_LLM_HASS_API: [llm.LLM_API_ASSIST]}
 # small_home exposes two lights and a temperature sensor; the lock is hidden.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from support import save_model_folder, tiny_config, tokenizer_dir
+from tests.helpers.support import save_model_folder, tiny_config, tokenizer_dir
 
 GENERATION_PROMPT_END = 198  # "\n" after "<|im_start|>assistant" in the SmolLM2 template
 EOS = 2  # <|im_end|>

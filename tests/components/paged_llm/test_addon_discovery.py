@@ -24,8 +24,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm import addon
 from paged_llm_addon.supervisor import SERVICE, discovery_config
-
-from remote_server import ServerProcess, free_port, serving
+from tests.helpers.remote_server import ServerProcess, free_port, serving
 
 DOMAIN = "paged_llm"
 KEY = "add-on-key"

@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
-from test_browser_card import (
+
+from custom_components.paged_llm.config_flow import BUNDLED_LABEL
+from tests.components.paged_llm.test_browser_card import (
     SCREENSHOT_DIR,
     _load_provisioner,
     chromium_page,
     log_in,
     ws_messages,
 )
-from test_browser_card import pytestmark as browser_marks
-from test_e2e_hass import CONFIGURATION, HomeAssistantProcess, running_home_assistant
-
-from custom_components.paged_llm.config_flow import BUNDLED_LABEL
+from tests.components.paged_llm.test_browser_card import pytestmark as browser_marks
+from tests.helpers.home_assistant import CONFIGURATION, HomeAssistantProcess, running_home_assistant
 
 if TYPE_CHECKING:
     from playwright.sync_api import Locator, Page

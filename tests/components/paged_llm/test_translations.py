@@ -21,7 +21,7 @@ from custom_components.paged_llm.prompt_budget import ISSUES
 from custom_components.paged_llm.runtime import PromptBudget
 from custom_components.paged_llm.sensor import PROMPT_SENSOR_KEY, SENSORS
 
-INTEGRATION = Path(__file__).resolve().parents[2] / "custom_components" / "paged_llm"
+INTEGRATION = Path(__file__).resolve().parents[3] / "custom_components" / "paged_llm"
 STRINGS = json.loads((INTEGRATION / "strings.json").read_text(encoding="utf-8"))
 SOURCES = {path.name: path.read_text(encoding="utf-8") for path in INTEGRATION.glob("*.py")}
 LANGUAGES = sorted(path.stem for path in (INTEGRATION / "translations").glob("*.json"))

@@ -14,10 +14,15 @@ from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import llm
 from homeassistant.util import dt as dt_util
 from pytest_homeassistant_custom_component.common import MockConfigEntry
-from test_conversation import TOOL_TEMPLATE, _conversation_entity_id, _WeatherAPI, _WeatherTool
 
 from custom_components.paged_llm.prompt import DEFAULT_INSTRUCTIONS, NO_CONTROL_INSTRUCTION
 from paged_llm.engine.llm_engine import RequestOutput
+from tests.components.paged_llm.test_conversation import (
+    TOOL_TEMPLATE,
+    _conversation_entity_id,
+    _WeatherAPI,
+    _WeatherTool,
+)
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""The test suite; tests/helpers holds what several test folders share."""

@@ -1,0 +1,1 @@
+"""Helpers the tests share: cached tiny models, GGUF writers, server processes."""
