@@ -34,9 +34,6 @@ homeassistant:
   country: NL
   allowlist_external_dirs:
     - {docs}
-http:
-  server_host: 127.0.0.1
-  server_port: {port}
 api:
 auth:
 config:
@@ -198,9 +195,23 @@ def make_home_assistant(
     docs.mkdir()
     port = free_port()
     (config_dir / "configuration.yaml").write_text(
-        configuration.format(port=port, docs=docs), encoding="utf-8"
+        configuration.format(docs=docs), encoding="utf-8"
     )
+    write_http_settings(config_dir, port)
     return HomeAssistantProcess(config_dir, port, hass_bin)
+
+
+def write_http_settings(config_dir: Path, port: int) -> None:
+    """Store loopback and ``port`` as Home Assistant's confirmed HTTP settings.
+
+    An ``http:`` section in YAML would start a five-minute trial that Home Assistant
+    reverts with a restart unless confirmed: a test running longer on a busy machine
+    would see its Home Assistant restart under it. scripts/develop writes them the same way.
+    """
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "develop_http.py"), str(config_dir), str(port)],
+        check=True,
+    )
 
 
 def kill(hass: HomeAssistantProcess) -> None:

@@ -32,6 +32,7 @@ from tests.helpers.home_assistant import (
     HomeAssistantProcess,
     free_port,
     kill,
+    write_http_settings,
 )
 from tests.helpers.remote_server import ServerProcess
 
@@ -178,7 +179,8 @@ def _config_folder(tmp_path: Path, port: int) -> Path:
     )
     docs = tmp_path / "docs"
     docs.mkdir()
-    (config_dir / "configuration.yaml").write_text(CONFIGURATION.format(port=port, docs=docs))
+    (config_dir / "configuration.yaml").write_text(CONFIGURATION.format(docs=docs))
+    write_http_settings(config_dir, port)
     return config_dir
 
 
