@@ -7,6 +7,10 @@ splits long contexts across the cores. The pool may hold float32, float16 or bfl
 16-bit pool is converted as it is read, with float32 sums, and halves the bytes read. Built
 into the CPU forward's library (native_build.py; alone where that one does not build);
 where it cannot be built, or for queries in other dtypes, the torch path runs.
+
+The torch reference path (kernels/reference.py) is this binding's only caller and hands it
+torch tensors, but the module imports no torch: it reads only their methods, so the
+CPU forward's binding (forward.py), which shares its constants, imports no torch either.
 """
 
 from __future__ import annotations
@@ -14,18 +18,26 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from paged_llm.kernels.cpu import native_build
+
+if TYPE_CHECKING:
+    import torch
 
 SOURCE = Path(__file__).parent / "src" / "cpu_attention.c"
 # The heads the kernel takes (cpu_attention.c): a multiple of 16 values, at most MAX_DIM.
 MAX_DIM = 256
 _PTR = ctypes.c_void_p
 _I64 = ctypes.c_int64
-# The pool dtypes the kernel reads, as cpu_attention.c numbers them (KV_FLOAT32 ...).
-KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# The pool dtypes the kernel reads, by name (numpy's, torch's without "torch."), as
+# cpu_attention.c numbers them (KV_FLOAT32 ...).
+KINDS: dict[str, int] = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+def kind_of(dtype: object) -> int | None:
+    """cpu_attention.c's number of a pool dtype (a numpy or torch dtype), or None if it has none."""
+    return KINDS.get(str(dtype).removeprefix("torch."))
 
 
 def unavailable(build_dir: Path | None = None) -> str | None:
@@ -56,9 +68,9 @@ def takes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tenso
 
     The caches are both float32, both float16 or both bfloat16, and contiguous.
     """
-    if query.device.type != "cpu" or query.dtype != torch.float32:
+    if query.device.type != "cpu" or kind_of(query.dtype) != KINDS["float32"]:
         return False
-    if key_cache.dtype not in KINDS or value_cache.dtype != key_cache.dtype:
+    if kind_of(key_cache.dtype) is None or value_cache.dtype != key_cache.dtype:
         return False
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         return False
@@ -87,10 +99,10 @@ class DecodePlan:
         """Pack the lists the host worked out into the arrays the kernel reads."""
 
         def longs(values: list[int]) -> torch.Tensor:
-            """An int64 array."""
-            return torch.tensor(values, dtype=torch.int64)
+            """An int64 array (``.long()``: an empty list would make a float one)."""
+            return block_tables.new_tensor(values, device="cpu").long()
 
-        tables = block_tables.to(torch.int32).contiguous()
+        tables = block_tables.int().contiguous()
         return DecodePlan(longs(seqs), longs(rows), longs(first), longs(lens), tables)
 
 
@@ -112,15 +124,15 @@ def decode(
     lib = _LIBRARY.get()
     query = query.contiguous()
     # The kernel writes float32 rows in place; anything else gets them through a copy.
-    direct = out.is_contiguous() and out.dtype == torch.float32
-    target = out if direct else torch.empty_like(query)
+    direct = out.is_contiguous() and out.dtype == query.dtype  # takes() made that float32
+    target = out if direct else query.new_empty(query.shape)
     heads, dim = query.shape[1:]
     _, block_size, kv_heads, _ = key_cache.shape
     done = lib.paged_decode(
         query.data_ptr(),
         key_cache.data_ptr(),
         value_cache.data_ptr(),
-        KINDS[key_cache.dtype],
+        kind_of(key_cache.dtype),
         plan.tables.data_ptr(),
         plan.tables.shape[1],
         key_cache.shape[0],
