@@ -49,7 +49,7 @@ def random_weight(type_name: str, n: int, k: int) -> gk.Matrix:
     elif type_name in ("F16", "BF16", "F32"):
         dtype = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}[type_name]
         data = torch.randn(n * k, generator=gen).to(dtype).view(torch.uint8)
-    return gk.Matrix(data, type_id, n, k)
+    return gk.Matrix(data.numpy(), type_id, n, k)
 
 
 Call = Callable[[], object]
@@ -131,9 +131,12 @@ def main(argv: list[str] | None = None) -> None:
         xs = {r: torch.randn(r, k) for r in rows_list}
         spread = args.spread << 20
         for name in types:
-            size = random_weight(name, 1, k).data.numel() * n
+            size = random_weight(name, 1, k).data.size * n
             weights = [random_weight(name, n, k) for _ in range(count(size, spread))]
-            calls = {r: rotating([partial(w.linear, xs[r]) for w in weights]) for r in rows_list}
+            # the kernels' binding takes numpy: views of the same inputs
+            calls = {
+                r: rotating([partial(w.linear, xs[r].numpy()) for w in weights]) for r in rows_list
+            }
             line(name, calls, size, args.budget)
         dense = [torch.randn(n, k) for _ in range(count(4 * n * k, spread))]
         calls = {r: rotating([partial(F.linear, xs[r], d) for d in dense]) for r in rows_list}

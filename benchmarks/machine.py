@@ -115,8 +115,9 @@ def machine_limits(loaded: LoadedModel) -> dict[str, float]:
     # GGUF layers read their file's blocks, which are neither parameters nor buffers (a
     # head tied to the embedding shares its matrix: counted once).
     matrices = {id(m.matrix): m.matrix.data for m in model.modules() if isinstance(m, GGUFLinear)}
-    tensors = [*model.parameters(), *model.buffers(), *matrices.values()]
+    tensors = [*model.parameters(), *model.buffers()]
     weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    weight_bytes += sum(data.nbytes for data in matrices.values())  # numpy arrays
     return {
         "matmul_gflops": flops / 1e9,
         "copy_gbps": bandwidth / 1e9,

@@ -1,4 +1,8 @@
-"""GGUF matrices as torch modules: a linear layer and a token embedding read in place."""
+"""GGUF matrices as torch modules: a linear layer and a token embedding read in place.
+
+The kernels' bindings work on numpy arrays; these modules convert at their edge with
+views (``Tensor.numpy()``, ``torch.from_numpy``), so no activation or weight is copied.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ class GGUFLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + b`` for any leading shape."""
         flat = x.reshape(-1, self.in_features)
-        out = self.matrix.linear(flat if flat.dtype == torch.float32 else flat.float())
+        flat = flat if flat.dtype == torch.float32 else flat.float()
+        out = torch.from_numpy(self.matrix.linear(flat.detach().numpy()))
         if self.order is not None:
             out = out.index_select(1, self.order)
         if self.bias is not None:
@@ -59,7 +64,7 @@ class GGUFEmbedding(torch.nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of ``ids`` (int64 or int32, as torch.nn.Embedding takes), any shape."""
         # transformers' continuous batching passes int32 ids; the kernel reads int64.
-        rows = self.matrix.rows(ids.reshape(-1).to(torch.int64))
+        rows = torch.from_numpy(self.matrix.rows(ids.reshape(-1).to(torch.int64).numpy()))
         return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

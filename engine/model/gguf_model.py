@@ -196,7 +196,7 @@ def _name_map(file: GGUFFile, model: Any) -> tuple[Any, dict[str, str]]:
 def _matrix(file: GGUFFile, tensor: TensorInfo) -> gguf_kernels.Matrix:
     """The tensor's blocks as a kernel matrix over the mapping (no copy)."""
     k, n = tensor.shape
-    data = torch.from_numpy(file.data(tensor))
+    data = file.data(tensor)
     try:
         return gguf_kernels.Matrix(data, gguf_kernels.TYPES[tensor.type_name], n, k)
     except ValueError as err:

@@ -8,12 +8,16 @@ the whole step to kernels/cpu/src/cpu_forward.c: the same kernels, norms, rotary
 attention, in one call.
 transformers' model stays what it is: the exactness oracle in the tests, the rotary module
 that works out cos and sin (every rope scaling it knows), and the path for everything else.
+The C forward's binding takes numpy arrays; this class is the torch path's edge to it and
+hands over views of its tensors (``Tensor.numpy()``, ``torch.from_numpy``): the C call
+reads and writes the same memory as before, so the bits are the same.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from paged_llm.engine.model import native_model
@@ -45,6 +49,7 @@ class NativeForward:
         first = decoder.layers[0].self_attn
         gemma = config.model_type in native_model.GEMMA
         main = self._types[0] if self._types else None
+        pool = kv_caches[0][0] if kv_caches else None
         layers = [
             _layer(layer, keys, values, config, i, main)
             for i, (layer, (keys, values)) in enumerate(zip(decoder.layers, kv_caches, strict=True))
@@ -64,6 +69,7 @@ class NativeForward:
             embed_scale=float(torch.tensor(config.hidden_size**0.5)) if gemma else None,
             softcap=getattr(config, "attn_logit_softcapping", None) if gemma else None,
             final_softcap=getattr(config, "final_logit_softcapping", None) if gemma else None,
+            kv_dtype=str(pool.dtype).removeprefix("torch.") if pool is not None else None,
         )
 
     @staticmethod
@@ -97,15 +103,17 @@ class NativeForward:
         threads: int = 0,
     ) -> torch.Tensor:
         """Float32 logits of the kept rows of one packed step (see cpu_forward.Decoder)."""
+        step = [t.numpy() for t in (ids, positions, seqs, slots, tables)]
         if not self._types:
-            cos, sin = self._cos_sin(positions, None)
-            return self.decoder.forward(
-                ids, positions, seqs, slots, tables, cos, sin, keep, threads
+            cos, sin = (t.numpy() for t in self._cos_sin(positions, None))
+            logits = self.decoder.forward(*step, cos, sin, keep.numpy(), threads)
+        else:
+            (cos, sin), *others = (self._cos_sin(positions, t) for t in self._types)
+            local = tuple((c.numpy(), s.numpy()) for c, s in others)
+            logits = self.decoder.forward(
+                *step, cos.numpy(), sin.numpy(), keep.numpy(), threads, *local
             )
-        (cos, sin), *local = (self._cos_sin(positions, t) for t in self._types)
-        return self.decoder.forward(
-            ids, positions, seqs, slots, tables, cos, sin, keep, threads, *local
-        )
+        return torch.from_numpy(logits)
 
     def _cos_sin(
         self, positions: torch.Tensor, layer_type: str | None
@@ -158,7 +166,29 @@ def _projections(layer: Any) -> tuple[Any, ...]:
 
 def _linear(module: GGUFLinear) -> cpu_forward.Linear:
     """A GGUF linear layer as the kernel takes it."""
-    return cpu_forward.Linear(module.matrix, module.bias, module.order)
+    bias, order = module.bias, module.order
+    return cpu_forward.Linear(
+        module.matrix,
+        _array(bias) if bias is not None else None,
+        _array(order) if order is not None else None,
+    )
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as a numpy array over the same memory (the binding keeps it referenced)."""
+    return tensor.detach().numpy()
+
+
+def _pool(tensor: torch.Tensor) -> np.ndarray:
+    """A KV pool as the binding takes it: its own dtype, or bfloat16's bits as uint16.
+
+    numpy has no bfloat16; the Decoder is told the pool's dtype (kv_dtype) instead.
+    """
+    if tensor.device.type != "cpu":
+        raise ValueError(f"a KV pool on {tensor.device.type}")
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16)
+    return tensor.numpy()
 
 
 def _embedding(module: Any) -> gguf_kernels.Matrix:
@@ -169,7 +199,7 @@ def _embedding(module: Any) -> gguf_kernels.Matrix:
     if weight.dtype != torch.float32 or not weight.is_contiguous():
         raise ValueError(f"a {weight.dtype} embedding table")
     n, k = weight.shape
-    return gguf_kernels.Matrix(weight.view(torch.uint8).reshape(-1), 0, n, k)
+    return gguf_kernels.Matrix(weight.numpy().view(np.uint8).reshape(-1), 0, n, k)
 
 
 def _layer(
@@ -187,7 +217,7 @@ def _layer(
         # Llama's norm before the MLP is post_attention_layernorm; Gemma's comes after it
         _norm(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm, config),
         q, k, v, o, gate, up, down,
-        keys, values,
+        _pool(keys), _pool(values),
         window=_window(attn, config, index),
         q_norm=_norm(attn.q_norm, config) if hasattr(attn, "q_norm") else None,
         k_norm=_norm(attn.k_norm, config) if hasattr(attn, "k_norm") else None,
@@ -197,12 +227,12 @@ def _layer(
     )  # fmt: skip
 
 
-def _norm(module: Any, config: Any) -> torch.Tensor:
+def _norm(module: Any, config: Any) -> np.ndarray:
     """An RMS norm's weight as the C forward multiplies by it: Gemma's as 1 + w, in float32."""
     weight: torch.Tensor = module.weight.detach()
     if config.model_type in native_model.GEMMA:
-        return 1.0 + weight.float()  # what transformers' Gemma norm multiplies by
-    return weight
+        return _array(1.0 + weight.float())  # what transformers' Gemma norm multiplies by
+    return _array(weight.float())
 
 
 def _eps(module: Any) -> float:

@@ -5,6 +5,10 @@ GGUF matrices, norm weights and KV pools, which must stay alive) and then calls
 :meth:`Decoder.forward` per step with the step's token ids, positions, slots, block
 tables, rotary cos/sin and the rows to keep. The products are gguf_kernels.c's and the
 attention is cpu_attention.c's, built into one library with the step around them.
+
+Everything crosses as numpy arrays and the module imports no torch: the CPU runner that
+serves GGUF files without torch builds a Decoder from the mapped file directly, and the
+torch path (engine/model/native_forward.py) hands over zero-copy views of its tensors.
 """
 
 from __future__ import annotations
@@ -13,11 +17,11 @@ import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
 from paged_llm.kernels.cpu import native_build
-from paged_llm.kernels.cpu.attention import KINDS, MAX_DIM
+from paged_llm.kernels.cpu.attention import KINDS, MAX_DIM, kind_of
 
 SOURCE = native_build.FORWARD_SOURCE
 _PTR = ctypes.c_void_p
@@ -87,16 +91,20 @@ class Linear:
     """A GGUF matrix with the extras transformers' layer adds: an output order and a bias."""
 
     matrix: gguf_kernels.Matrix
-    bias: torch.Tensor | None = None  # float32 [n]
-    order: torch.Tensor | None = None  # int64 [n]: output i is the matrix's row order[i]
+    bias: np.ndarray | None = None  # float32 [n]
+    order: np.ndarray | None = None  # int64 [n]: output i is the matrix's row order[i]
 
 
 @dataclass(slots=True)
 class Layer:
-    """One decoder layer's weights and KV pools, as cf_layer takes them."""
+    """One decoder layer's weights and KV pools, as cf_layer takes them.
 
-    attn_norm: torch.Tensor
-    ffn_norm: torch.Tensor
+    The pools are C-contiguous ``[blocks, block_size, kv_heads, head_dim]`` arrays of
+    float32 or float16, or of uint16 holding bfloat16 bits (see Decoder's ``kv_dtype``).
+    """
+
+    attn_norm: np.ndarray
+    ffn_norm: np.ndarray
     q: Linear
     k: Linear
     v: Linear
@@ -104,14 +112,14 @@ class Layer:
     gate: Linear
     up: Linear
     down: Linear
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
+    key_cache: np.ndarray
+    value_cache: np.ndarray
     window: int | None = None
-    q_norm: torch.Tensor | None = None
-    k_norm: torch.Tensor | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
     # Gemma's norms of the attention's and the MLP's outputs (as 1 + w), before each adds.
-    post_attn_norm: torch.Tensor | None = None
-    post_ffn_norm: torch.Tensor | None = None
+    post_attn_norm: np.ndarray | None = None
+    post_ffn_norm: np.ndarray | None = None
     local_rope: bool = False  # the step's local cos and sin (Gemma 3's sliding layers)
 
 
@@ -135,7 +143,7 @@ class Decoder:
         self,
         embed: gguf_kernels.Matrix,
         layers: list[Layer],
-        final_norm: torch.Tensor,
+        final_norm: np.ndarray,
         head: Linear,
         *,
         heads: int,
@@ -147,18 +155,20 @@ class Decoder:
         embed_scale: float | None = None,
         softcap: float | None = None,
         final_softcap: float | None = None,
+        kv_dtype: str | None = None,
     ) -> None:
         """Check the shapes once and lay out the C structures.
 
         ``activation`` is a key of ACTIVATIONS; ``embed_scale`` multiplies the embedding's
         rows (Gemma), ``softcap`` and ``final_softcap`` cap the attention scores and the
-        logits as ``tanh(x / cap) * cap`` (Gemma 2); None: not done.
+        logits as ``tanh(x / cap) * cap`` (Gemma 2); None: not done. ``kv_dtype`` is what
+        the pools hold, a key of KINDS: needed for "bfloat16" (numpy has no such dtype, so
+        the pools are uint16 arrays of its bits), else taken from the pools' dtype.
         """
         if not layers:
             raise ValueError("a decoder needs at least one layer")
         pool = layers[0].key_cache
-        if pool.dtype not in KINDS or pool.device.type != "cpu":
-            raise ValueError(f"the KV pool must be a float32/16-bit CPU tensor, got {pool.dtype}")
+        kv_kind = _pool_kind(pool, kv_dtype)
         if head_dim % 16 or head_dim > MAX_DIM or heads % kv_heads:
             raise ValueError(f"heads of {head_dim} values ({heads}/{kv_heads}) are not supported")
         hidden, inter = embed.k, layers[0].gate.matrix.n
@@ -171,7 +181,7 @@ class Decoder:
         self._keep: list[object] = [embed, layers, final_norm, head]
         structs = (_Layer * len(layers))()
         for i, layer in enumerate(layers):
-            structs[i] = self._layer(layer, hidden, heads, kv_heads, head_dim, inter)
+            structs[i] = self._layer(layer, pool, hidden, heads, kv_heads, head_dim, inter)
         self._layers = structs
         self._model = _Model(
             structs,
@@ -179,7 +189,7 @@ class Decoder:
             self._matrix(head, head.matrix.n, hidden),
             self._floats(final_norm, hidden),
             len(layers), hidden, heads, kv_heads, head_dim, inter,
-            KINDS[pool.dtype], pool.shape[1], pool.shape[0],
+            kv_kind, pool.shape[1], pool.shape[0],
             eps, scale, ACTIVATIONS[activation],
             embed_scale or 0.0, softcap or 0.0, final_softcap or 0.0,
         )  # fmt: skip
@@ -187,47 +197,50 @@ class Decoder:
 
     def forward(
         self,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        seqs: torch.Tensor,
-        slots: torch.Tensor,
-        tables: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        keep: torch.Tensor,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        seqs: np.ndarray,
+        slots: np.ndarray,
+        tables: np.ndarray,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        keep: np.ndarray,
         threads: int = 0,
-        local: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
+        local: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> np.ndarray:
         """Float32 logits ``[len(keep), vocab]`` of one packed step, on ``threads`` threads.
 
-        Per query row: its token id, absolute position, sequence (a row of the int32 block
-        ``tables``) and KV slot (int64 each); ``cos``/``sin`` ``[rows, head_dim]`` float32
-        from the model's rotary module; ``keep`` the rows whose logits are wanted;
-        ``threads`` 0 (or above :func:`max_threads`) for that many; the logits are the same
-        bits on any count; ``local`` the cos and sin of the layers with ``local_rope``.
-        IndexError when an id is outside the vocabulary, a table or slot outside the pool
-        or a kept row outside the step (nothing is changed then).
+        Per query row: its token id, absolute position, sequence (a row of the block
+        ``tables``) and KV slot (integer arrays; converted to int64 and the tables to int32
+        where they are not); ``cos``/``sin`` ``[rows, head_dim]`` float32 rotary tables
+        (the model's rotary module's, or engine/model/rope.py's); ``keep`` the rows whose
+        logits are wanted; ``threads`` 0 (or above :func:`max_threads`) for that many; the
+        logits are the same bits on any count; ``local`` the cos and sin of the layers with
+        ``local_rope``. IndexError when an id is outside the vocabulary, a table or slot
+        outside the pool or a kept row outside the step (nothing is changed then).
         """
-        rows = ids.numel()
-        longs = [t.to(torch.int64).contiguous() for t in (ids, positions, seqs, slots, keep)]
-        tables = tables.to(torch.int32).contiguous()
+        longs = [np.ascontiguousarray(a, dtype=np.int64).reshape(-1)
+                 for a in (ids, positions, seqs, slots, keep)]  # fmt: skip
+        rows = longs[0].size
+        tables = np.ascontiguousarray(tables, dtype=np.int32)
         if self.local_rope and local is None:
             raise ValueError("layers with local_rope need the local cos and sin")
         rotary = [cos, sin, *(local if self.local_rope and local else ())]
-        rotary = [t.to(torch.float32).contiguous() for t in rotary]
-        if tables.dim() != 2 or any(t.numel() != rows for t in longs[:4]):
+        rotary = [np.ascontiguousarray(a, dtype=np.float32) for a in rotary]
+        if tables.ndim != 2 or any(a.size != rows for a in longs[:4]):
             raise ValueError("ids, positions, sequences and slots must have a value per row")
-        if any(t.shape != (rows, self._model.dim) for t in rotary):
+        if any(a.shape != (rows, self._model.dim) for a in rotary):
             raise ValueError(f"cos and sin must be [{rows}, {self._model.dim}]")
         cos, sin, *rest = rotary
         cos_local, sin_local = rest if rest else (None, None)
         if rows and (int(longs[2].min()) < 0 or int(longs[2].max()) >= tables.shape[0]):
             raise IndexError("a row's sequence has no block table")
-        logits = torch.empty(keep.numel(), self.vocab, dtype=torch.float32)
+        kept = longs[4].size
+        logits = np.empty((kept, self.vocab), dtype=np.float32)
         step = _Step(
-            *(t.data_ptr() for t in (*longs, tables, cos, sin)),
-            *(t.data_ptr() if t is not None else None for t in (cos_local, sin_local)),
-            logits.data_ptr(), rows, tables.shape[1], keep.numel(), max(0, threads),
+            *(a.ctypes.data for a in (*longs, tables, cos, sin)),
+            *(a.ctypes.data if a is not None else None for a in (cos_local, sin_local)),
+            logits.ctypes.data, rows, tables.shape[1], kept, max(0, threads),
         )  # fmt: skip
         done = _LIBRARY.get().cf_forward(ctypes.byref(self._model), ctypes.byref(step))
         if done == -2:
@@ -241,15 +254,24 @@ class Decoder:
         return logits
 
     def _layer(
-        self, layer: Layer, hidden: int, heads: int, kv_heads: int, dim: int, inter: int
+        self,
+        layer: Layer,
+        first: np.ndarray,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        dim: int,
+        inter: int,
     ) -> _Layer:
-        """The cf_layer of one layer, its shapes checked against the model's."""
+        """The cf_layer of one layer, its shapes checked against the model's and first pool's."""
         pools = (layer.key_cache, layer.value_cache)
-        expect = (*layer.key_cache.shape[:2], kv_heads, dim)
-        if any(p.shape != expect or not p.is_contiguous() for p in pools):
-            raise ValueError(f"each KV pool must be contiguous {tuple(expect)}")
-        if layer.value_cache.dtype != layer.key_cache.dtype:
-            raise ValueError("the key and value pools must share a dtype")
+        expect = (*first.shape[:2], kv_heads, dim)
+        for p in pools:
+            if not isinstance(p, np.ndarray) or p.shape != expect or not p.flags.c_contiguous:
+                raise ValueError(f"each KV pool must be a contiguous numpy array {expect}")
+            # cf_model holds one kind and one pool size for every layer's pools
+            if p.dtype != first.dtype:
+                raise ValueError("every KV pool must share one dtype")
         return _Layer(
             self._floats(layer.attn_norm, hidden),
             self._floats(layer.ffn_norm, hidden),
@@ -266,8 +288,8 @@ class Decoder:
             self._matrix(layer.gate, inter, hidden),
             self._matrix(layer.up, inter, hidden),
             self._matrix(layer.down, hidden, inter),
-            layer.key_cache.data_ptr(),
-            layer.value_cache.data_ptr(),
+            layer.key_cache.ctypes.data,
+            layer.value_cache.ctypes.data,
             layer.window or 0,
             int(layer.local_rope),
         )
@@ -280,21 +302,42 @@ class Decoder:
         bias = self._floats(linear.bias, n) if linear.bias is not None else None
         order = None
         if linear.order is not None:
-            keep = linear.order.to(torch.int64).contiguous()
+            keep = np.ascontiguousarray(linear.order, dtype=np.int64)
             if keep.shape != (n,) or int(keep.min()) < 0 or int(keep.max()) >= n:
                 raise ValueError(f"an output order must be a permutation of {n} rows")
             self._keep.append(keep)
-            order = keep.data_ptr()
-        return _Matrix(m.data.data_ptr(), bias, order, m.type_id, n, k)
+            order = keep.ctypes.data
+        return _Matrix(m.data.ctypes.data, bias, order, m.type_id, n, k)
 
-    def _floats(self, tensor: torch.Tensor, n: int) -> int:
-        """The address of a float32 copy of a ``[n]`` tensor (kept alive here)."""
-        values = tensor.detach().to(torch.float32).contiguous()
+    def _floats(self, values: np.ndarray, n: int) -> int:
+        """The address of a ``[n]`` array as float32 (converted where it is not; kept here)."""
+        values = np.ascontiguousarray(values, dtype=np.float32)
         if values.shape != (n,):
             raise ValueError(f"a norm or bias of shape {tuple(values.shape)} is not [{n}]")
         self._keep.append(values)
-        address: int = values.data_ptr()
+        address: int = values.ctypes.data
         return address
+
+
+def _pool_kind(pool: np.ndarray, kv_dtype: str | None) -> int:
+    """cf_model's kv_kind of the pools, checked against what ``kv_dtype`` says they hold."""
+    if not isinstance(pool, np.ndarray):
+        raise ValueError(f"the KV pool must be a numpy array, got {type(pool).__name__}")
+    if kv_dtype is None:
+        kind = kind_of(pool.dtype)
+        if kind is None:
+            raise ValueError(
+                f"the KV pool must be float32 or float16 (or uint16 with kv_dtype='bfloat16'), "
+                f"got {pool.dtype}"
+            )
+        return kind
+    if kv_dtype not in KINDS:
+        raise ValueError(f"kv_dtype {kv_dtype!r} is not one of {', '.join(KINDS)}")
+    # bfloat16 bits travel as uint16, the others as themselves
+    holds = np.dtype(np.uint16) if kv_dtype == "bfloat16" else np.dtype(kv_dtype)
+    if pool.dtype != holds:
+        raise ValueError(f"a {kv_dtype} KV pool must be a {holds} array, got {pool.dtype}")
+    return KINDS[kv_dtype]
 
 
 def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | None, str | None]:

@@ -11,6 +11,10 @@ order, the same on every path and whatever else shares the call, so a request ge
 bits alone or in a batch. The C source is built with the machine's compiler as part of
 the CPU forward's library (native_build.py; alone where that one does not build);
 :func:`unavailable` says why it cannot be used.
+
+The bindings take and return numpy arrays and import no torch, so the CPU runner that
+serves GGUF files without torch drives them directly; the torch layers over them
+(engine/model/gguf_layers.py) convert at their edge without copying.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import ctypes
 import threading
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from paged_llm.kernels.cpu import native_build
 
@@ -115,101 +119,104 @@ class Matrix:
     """A GGUF weight matrix ``[n, k]`` in its file's blocks, checked once.
 
     A layer keeps one per weight and calls :meth:`linear` at every step: the kernels then
-    get addresses worked out here, not checks per call. ``data`` may be a view over a
-    memory-mapped file; it is kept (never copied), so the addresses stay valid.
+    get addresses worked out here, not checks per call. ``data`` (a 1-D uint8 array) may
+    be a view over a memory-mapped file; it is kept (never copied), so the addresses stay
+    valid.
     """
 
     __slots__ = ("_act_bytes", "_at", "_row_bytes", "data", "k", "n", "type_id")
 
-    def __init__(self, data: torch.Tensor, type_id: int, n: int, k: int) -> None:
+    def __init__(self, data: np.ndarray, type_id: int, n: int, k: int) -> None:
         """Check the weight's bytes (uint8, contiguous, n rows of the type's row bytes)."""
         self._row_bytes = row_bytes(type_id, k)
         if n <= 0:
             raise ValueError(f"a weight needs at least one row, got n={n}")
-        if data.dtype != torch.uint8 or data.device.type != "cpu" or not data.is_contiguous():
-            raise ValueError(
-                f"GGUF weight data must be a contiguous uint8 CPU tensor, got {data.dtype} "
-                f"on {data.device}{'' if data.is_contiguous() else ', not contiguous'}"
-            )
-        if data.numel() != n * self._row_bytes:
+        if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 1:
+            is_array = isinstance(data, np.ndarray)
+            got = f"{data.ndim}-D {data.dtype}" if is_array else type(data).__name__
+            raise ValueError(f"GGUF weight data must be a 1-D uint8 numpy array, got {got}")
+        if not data.flags.c_contiguous:
+            raise ValueError("GGUF weight data must be contiguous, got a strided view")
+        if data.size != n * self._row_bytes:
             raise ValueError(
                 f"a {type_name(type_id)} weight [{n}, {k}] takes {n} x {self._row_bytes} = "
-                f"{n * self._row_bytes} bytes, got {data.numel()}"
+                f"{n * self._row_bytes} bytes, got {data.size}"
             )
         self.data = data
         self.type_id = type_id
         self.n = n
         self.k = k
-        self._at = data.data_ptr()
+        self._at = data.ctypes.data
         # Float weights multiply x itself: no prepared activations, no scratch.
         self._act_bytes = 0 if _BLOCKS[type_id][0] == 1 else act_bytes(type_id, k)
 
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T`` for float32 ``x [rows, k]``: a new float32 ``[rows, n]`` tensor."""
+    def linear(self, x: np.ndarray) -> np.ndarray:
+        """``x @ W.T`` for float32 ``x [rows, k]``: a new float32 ``[rows, n]`` array."""
         x = _input(x, self.k)
         rows = x.shape[0]
-        out = torch.empty(rows, self.n, dtype=torch.float32)
+        out = np.empty((rows, self.n), dtype=np.float32)
         if rows:
             scratch = _scratch(rows * self._act_bytes)
             _LIBRARY.get().gk_linear(
-                self.type_id, self._at, self.n, self.k, x.data_ptr(), rows, out.data_ptr(),
+                self.type_id, self._at, self.n, self.k, x.ctypes.data, rows, out.ctypes.data,
                 scratch,
             )  # fmt: skip
         return out
 
-    def dequantize(self) -> torch.Tensor:
+    def dequantize(self) -> np.ndarray:
         """The weight as float32 ``[n, k]`` (GGUF's dequantization, bit for bit)."""
-        out = torch.empty(self.n, self.k, dtype=torch.float32)
-        _LIBRARY.get().gk_dequantize(self.type_id, self._at, self.n, self.k, out.data_ptr())
+        out = np.empty((self.n, self.k), dtype=np.float32)
+        _LIBRARY.get().gk_dequantize(self.type_id, self._at, self.n, self.k, out.ctypes.data)
         return out
 
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+    def rows(self, ids: np.ndarray) -> np.ndarray:
         """An embedding lookup: float32 ``[len(ids), k]``, row i the weight's row ids[i]."""
-        if ids.dtype != torch.int64 or ids.dim() != 1 or ids.device.type != "cpu":
-            raise ValueError(f"ids must be a 1-D int64 CPU tensor, got {ids.dtype} {ids.dim()}-D")
-        ids = ids.contiguous()
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.n):
+        if not isinstance(ids, np.ndarray) or ids.dtype != np.int64 or ids.ndim != 1:
+            got = f"{getattr(ids, 'dtype', type(ids).__name__)} {np.ndim(ids)}-D"
+            raise ValueError(f"ids must be a 1-D int64 numpy array, got {got}")
+        ids = np.ascontiguousarray(ids)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.n):
             raise ValueError(
                 f"ids must lie in [0, {self.n}), got {int(ids.min())}..{int(ids.max())}"
             )
-        out = torch.empty(ids.numel(), self.k, dtype=torch.float32)
-        if ids.numel():
+        out = np.empty((ids.size, self.k), dtype=np.float32)
+        if ids.size:
             _LIBRARY.get().gk_get_rows(
-                self.type_id, self._at, self.k, ids.data_ptr(), ids.numel(), out.data_ptr()
+                self.type_id, self._at, self.k, ids.ctypes.data, ids.size, out.ctypes.data
             )
         return out
 
 
-def quantize_act(type_id: int, x: torch.Tensor) -> torch.Tensor:
+def quantize_act(type_id: int, x: np.ndarray) -> np.ndarray:
     """The activation rows the kernels form from float32 ``x [rows, k]`` (uint8 rows)."""
-    k = x.shape[1] if x.dim() == 2 else -1
+    k = x.shape[1] if x.ndim == 2 else -1
     row_bytes(type_id, k)
     x = _input(x, k)
-    out = torch.empty(x.shape[0], act_bytes(type_id, k), dtype=torch.uint8)
-    _LIBRARY.get().gk_quantize_act(type_id, x.data_ptr(), x.shape[0], k, out.data_ptr())
+    out = np.empty((x.shape[0], act_bytes(type_id, k)), dtype=np.uint8)
+    _LIBRARY.get().gk_quantize_act(type_id, x.ctypes.data, x.shape[0], k, out.ctypes.data)
     return out
 
 
-def dequantize_act(type_id: int, xq: torch.Tensor, k: int) -> torch.Tensor:
+def dequantize_act(type_id: int, xq: np.ndarray, k: int) -> np.ndarray:
     """The float32 ``[rows, k]`` values activation rows stand for (code times scale)."""
     size = act_bytes(type_id, k)
-    if xq.dtype != torch.uint8 or xq.dim() != 2 or xq.shape[1] != size or not xq.is_contiguous():
+    if xq.dtype != np.uint8 or xq.ndim != 2 or xq.shape[1] != size or not xq.flags.c_contiguous:
         raise ValueError(f"activation rows must be contiguous uint8 [rows, {size}]")
-    out = torch.empty(xq.shape[0], k, dtype=torch.float32)
-    _LIBRARY.get().gk_dequantize_act(type_id, xq.data_ptr(), xq.shape[0], k, out.data_ptr())
+    out = np.empty((xq.shape[0], k), dtype=np.float32)
+    _LIBRARY.get().gk_dequantize_act(type_id, xq.ctypes.data, xq.shape[0], k, out.ctypes.data)
     return out
 
 
-def _input(x: torch.Tensor, k: int) -> torch.Tensor:
-    """The input checked to be float32 ``[rows, k]`` on the CPU, made contiguous."""
-    if x.dim() != 2 or x.shape[1] != k:
+def _input(x: np.ndarray, k: int) -> np.ndarray:
+    """The input checked to be a float32 ``[rows, k]`` numpy array, made contiguous."""
+    if not isinstance(x, np.ndarray):
+        raise ValueError(f"the GGUF CPU kernels take numpy inputs, not {type(x).__name__}")
+    if x.ndim != 2 or x.shape[1] != k:
         # The kernels take the width from the weight: a wrong one would read past x.
         raise ValueError(f"the weight takes [rows, {k}] inputs, got {tuple(x.shape)}")
-    if x.dtype != torch.float32 or x.device.type != "cpu":
-        raise ValueError(
-            f"the GGUF CPU kernels take float32 CPU inputs, not {x.dtype} on {x.device}"
-        )
-    return x.contiguous()
+    if x.dtype != np.float32:
+        raise ValueError(f"the GGUF CPU kernels take float32 inputs, not {x.dtype}")
+    return np.ascontiguousarray(x)
 
 
 _local = threading.local()
@@ -217,10 +224,11 @@ _local = threading.local()
 
 def _scratch(size: int) -> int:
     """The address of a per-thread scratch buffer of at least ``size`` bytes (kept, grown)."""
-    buffer: torch.Tensor | None = getattr(_local, "buffer", None)
-    if buffer is None or buffer.numel() < size:
-        buffer = _local.buffer = torch.empty(max(size, 1 << 16), dtype=torch.uint8)
-    return buffer.data_ptr()
+    buffer: np.ndarray | None = getattr(_local, "buffer", None)
+    if buffer is None or buffer.size < size:
+        buffer = _local.buffer = np.empty(max(size, 1 << 16), dtype=np.uint8)
+    address: int = buffer.ctypes.data
+    return address
 
 
 def load_library(build_dir: Path, source: Path = SOURCE) -> tuple[ctypes.CDLL | None, str | None]:

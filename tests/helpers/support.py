@@ -268,7 +268,8 @@ def in_place_f32(model: Any) -> None:
     for name, module in list(model.named_modules()):
         if isinstance(module, torch.nn.Linear):
             weight = module.weight.detach().contiguous()
-            matrix = gguf_kernels.Matrix(weight.view(torch.uint8).reshape(-1), f32, *weight.shape)
+            data = weight.view(torch.uint8).reshape(-1).numpy()  # the same memory
+            matrix = gguf_kernels.Matrix(data, f32, *weight.shape)
             parent, _, child = name.rpartition(".")
             owner = model.get_submodule(parent) if parent else model
             setattr(owner, child, GGUFLinear(matrix, module.bias))
