@@ -73,7 +73,8 @@ KERNELS = ROOT / ".cache" / "bench-kernels"
 _BUILD_KERNELS = """
 import sys
 from pathlib import Path
-from paged_llm.kernels import cpu_attention, cpu_forward, cpu_quant, gguf_kernels
+from paged_llm.kernels.cpu import attention as cpu_attention, forward as cpu_forward
+from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels, quant as cpu_quant
 for kernels in (gguf_kernels, cpu_forward, cpu_attention, cpu_quant):
     reason = kernels.unavailable(Path(sys.argv[1]))
     if reason is not None:
