@@ -67,12 +67,16 @@ def test_library_declares_python_and_dependencies() -> None:
 
 
 def test_engine_without_torch_says_what_to_install(tmp_path: Path) -> None:
+    # paged_llm.kernels itself imports without torch (its CPU bindings are numpy's); its
+    # torch-based names say what to install when asked for.
     probe = (
         "import sys; sys.modules['torch'] = None\n"
         "import paged_llm.protocol.snapshot, paged_llm.client\n"
-        "for name in ('paged_llm.engine', 'paged_llm.kernels'):\n"
+        "for name, attr in (('paged_llm.engine', None), ('paged_llm.kernels', 'store_kv')):\n"
         "    try:\n"
-        "        __import__(name)\n"
+        "        module = __import__(name, fromlist=['_'])\n"
+        "        if attr:\n"
+        "            getattr(module, attr)\n"
         "    except ImportError as err:\n"
         "        print(name, '|', err)\n"
     )
