@@ -103,16 +103,18 @@ class NativeForward:
         threads: int = 0,
     ) -> torch.Tensor:
         """Float32 logits of the kept rows of one packed step (see cpu_forward.Decoder)."""
-        step = [t.numpy() for t in (ids, positions, seqs, slots, tables)]
-        if not self._types:
-            cos, sin = (t.numpy() for t in self._cos_sin(positions, None))
-            logits = self.decoder.forward(*step, cos, sin, keep.numpy(), threads)
-        else:
-            (cos, sin), *others = (self._cos_sin(positions, t) for t in self._types)
-            local = tuple((c.numpy(), s.numpy()) for c, s in others)
-            logits = self.decoder.forward(
-                *step, cos.numpy(), sin.numpy(), keep.numpy(), threads, *local
-            )
+        # Views of the tensors: the C call reads and writes the same memory.
+        ids_, positions_, seqs_, slots_, tables_, keep_ = (
+            t.numpy() for t in (ids, positions, seqs, slots, tables, keep)
+        )
+        # Gemma 3: the full layers' table, then the sliding layers' one; else one for all
+        rotary = [self._cos_sin(positions, t) for t in self._types]
+        (cos, sin), *rest = rotary or [self._cos_sin(positions, None)]
+        local = (rest[0][0].numpy(), rest[0][1].numpy()) if rest else None
+        logits = self.decoder.forward(
+            ids_, positions_, seqs_, slots_, tables_, cos.numpy(), sin.numpy(), keep_, threads,
+            local,
+        )  # fmt: skip
         return torch.from_numpy(logits)
 
     def _cos_sin(
