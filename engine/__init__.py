@@ -1,5 +1,6 @@
-"""The Paged LLM serving engine: paged KV pool, scheduler, model runner, async engine."""
+"""The Paged LLM serving engine: paged KV pool, scheduler, model runners, async engine.
 
-from paged_llm.extras import require_engine_extra
-
-require_engine_extra(__name__)
+The engine core imports no torch: the numpy runner serves GGUF files on the CPU without it,
+and the torch path's entry modules (engine/model/loader.py, runner.py) say what to install
+when it is missing.
+"""

@@ -22,7 +22,8 @@ from paged_llm.engine.errors import EngineDeadError, RequestRejected
 from paged_llm.engine.info import EngineInfo
 from paged_llm.engine.llm_engine import LLMEngine, Prompt
 from paged_llm.engine.metrics import EngineState, MetricsSnapshot
-from paged_llm.engine.model.loader import LoadedModel, load_model, resolve_device, resolve_dtype
+from paged_llm.engine.model.loaded import NUMPY, LoadedModel
+from paged_llm.engine.model.selector import load_model, runner_for
 from paged_llm.engine.outputs import RequestOutput, StepTrace
 from paged_llm.engine.step_thread import STEP_THREAD
 from paged_llm.engine.validation import (
@@ -331,6 +332,13 @@ class AsyncEngine:
             return
         if loaded.model is None:
             return
+        if loaded.runner == NUMPY or runner_for(config) == NUMPY:
+            # The numpy path's model is float32 on the CPU whatever the settings say.
+            if loaded.runner == runner_for(config):
+                plan_kv_pool(config, loaded)
+            return
+        from paged_llm.engine.model.loader import resolve_device, resolve_dtype
+
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device, config.weights)
         if device != loaded.device or dtype != loaded.dtype:

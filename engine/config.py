@@ -12,6 +12,7 @@ from paged_llm.engine.structured.json_bounds import JsonBounds
 __all__ = [
     "DEFAULT_MODEL",
     "KV_CACHE_DTYPES",
+    "RUNNERS",
     "WEIGHT_CHOICES",
     "EngineConfig",
     "JsonBounds",
@@ -21,6 +22,8 @@ __all__ = [
 
 # What the KV pool may hold (model_runner.resolve_kv_dtype turns auto into one of the others).
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# Model runners (engine/model/selector.py): auto picks numpy for a GGUF file on a CPU.
+RUNNERS = ("auto", "torch", "numpy")
 
 
 # How long the latency policy's step budget holds after the last interactive request: a
@@ -152,6 +155,9 @@ class EngineConfig:
     weights: str = "auto"
     kv_cache_dtype: str = "auto"
     json_bounds: JsonBounds = field(default_factory=JsonBounds)
+    # Which model runner: "auto" (the numpy runner for a GGUF file on a CPU, else torch),
+    # "torch" or "numpy" (engine/model/selector.py says when auto takes which).
+    runner: str = "auto"
 
     def __post_init__(self) -> None:
         """Reject settings that cannot work, naming the setting."""
@@ -176,6 +182,8 @@ class EngineConfig:
             raise ValueError(
                 f"weights must be one of {', '.join(WEIGHT_CHOICES)}, got {self.weights!r}"
             )
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "

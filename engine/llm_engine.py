@@ -5,12 +5,11 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, cast
-
-import torch
 
 from paged_llm.engine.config import EngineConfig, KVLayout
 from paged_llm.engine.core.kv.contiguous import ContiguousKVCacheManager
@@ -22,8 +21,14 @@ from paged_llm.engine.detokenizer import Detokenizer
 from paged_llm.engine.errors import EngineDeadError, RequestRejected
 from paged_llm.engine.info import EngineInfo
 from paged_llm.engine.metrics import EngineState, MetricsRecorder, MetricsSnapshot
-from paged_llm.engine.model.loader import LoadedModel, load_model
-from paged_llm.engine.model.runner import ModelRunner, config_kv_dtype, kv_bytes_per_block
+from paged_llm.engine.model.loaded import (
+    NUMPY,
+    LoadedModel,
+    config_kv_dtype_name,
+    dtype_name,
+    kv_bytes_per_block,
+)
+from paged_llm.engine.model.selector import load_model
 from paged_llm.engine.outputs import RequestOutput, RequestTiming, StepTrace
 from paged_llm.engine.structured.output import StructuredOutput
 from paged_llm.engine.validation import (
@@ -81,14 +86,7 @@ class LLMEngine:
             loaded.eos_token_ids,
             config.json_bounds,
         )
-        self.runner = ModelRunner(
-            loaded,
-            num_blocks,
-            config.block_size,
-            config.attention_backend,
-            kv_dtype=config_kv_dtype(config, loaded),
-            structured=self.structured,
-        )
+        self.runner: Any = _runner(loaded, config, num_blocks, self.structured)
         self.recorder = MetricsRecorder()
         self._detokenizers: dict[str, Detokenizer] = {}
         self._next_id = 0
@@ -114,7 +112,7 @@ class LLMEngine:
         return EngineInfo(
             model=loaded.name,
             device=str(loaded.device),
-            dtype=str(loaded.dtype).removeprefix("torch."),
+            dtype=dtype_name(loaded.dtype),
             weights=loaded.weights,
             attention=runner.attention_text,
             kv_cache=runner.kv_cache_text,
@@ -158,6 +156,18 @@ class LLMEngine:
         if not template_shows_tools(template) and uses_tools(messages, tools):
             # The template would drop the tools: the Hermes instructions and turns instead.
             messages, tools = tools_as_text(messages, tools), None
+        chat_template = self.loaded.chat_template
+        if chat_template is not None:
+            # The numpy path: the file's template rendered as transformers renders it, then
+            # tokenized as apply_chat_template tokenizes (no special tokens added).
+            text = chat_template.render(
+                messages,
+                tools=tools or None,
+                add_generation_prompt=True,
+                **(chat_template_kwargs or {}),
+            )
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            return ids
         encoded = self.tokenizer.apply_chat_template(
             messages,
             tools=tools or None,
@@ -400,8 +410,36 @@ class LLMEngine:
             self.scheduler.finish(seq, FinishReason.ABORT)
         self.runner.kv_caches.clear()
         gc.collect()
-        if torch.cuda.is_available():
+        # Only the torch path has a CUDA cache to empty; the numpy path never imports torch.
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _runner(
+    loaded: LoadedModel, config: EngineConfig, num_blocks: int, structured: StructuredOutput
+) -> Any:
+    """The runner ``loaded.runner`` names: the numpy one (no torch), or the torch one."""
+    if loaded.runner == NUMPY:
+        from paged_llm.engine.model.cpu_runner import CpuRunner
+
+        return CpuRunner(
+            loaded,
+            num_blocks,
+            config.block_size,
+            kv_dtype=config_kv_dtype_name(config, loaded),
+            structured=structured,
+        )
+    from paged_llm.engine.model.runner import ModelRunner, config_kv_dtype
+
+    return ModelRunner(
+        loaded,
+        num_blocks,
+        config.block_size,
+        config.attention_backend,
+        kv_dtype=config_kv_dtype(config, loaded),
+        structured=structured,
+    )
 
 
 def _seconds(start: float | None, end: float | None) -> str:

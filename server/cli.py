@@ -90,6 +90,13 @@ def _engine_arguments(parser: argparse.ArgumentParser, positional_model: bool = 
     group.add_argument("--cache-dir", help="folder for converted GGUF models")
     group.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     group.add_argument(
+        "--runner",
+        default="auto",
+        choices=["auto", "torch", "numpy"],
+        help="model runner: numpy (a GGUF file on the CPU, no torch), torch, or auto (numpy "
+        "for a GGUF file on a CPU, else torch)",
+    )
+    group.add_argument(
         "--no-prefix-caching", action="store_true", help="do not share cached prompt prefixes"
     )
     group.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
@@ -116,6 +123,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cache_dir=cache_dir.expanduser(),
         enable_prefix_caching=not args.no_prefix_caching,
         json_bounds=JsonBounds(string_chars=args.json_string_chars),
+        runner=args.runner,
     )
 
 
@@ -177,11 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        # Looked up, not imported: torch takes seconds, and serve opens its socket first.
-        require_engine_extra("paged-llm", ("transformers", "gguf", "accelerate"))
-        if importlib.util.find_spec("torch") is None:
-            raise EngineExtraMissing("paged-llm needs PyTorch; pip install 'paged-llm[engine]'")
         config = engine_config(args)
+        from paged_llm.engine.model.selector import runner_for
+
+        if runner_for(config) == "torch":
+            # Looked up, not imported: torch takes seconds, and serve opens its socket first.
+            require_engine_extra("paged-llm", ("transformers", "gguf", "accelerate"))
+            if importlib.util.find_spec("torch") is None:
+                raise EngineExtraMissing("paged-llm needs PyTorch; pip install 'paged-llm[engine]'")
         if args.command == "serve":
             from .serve import serve
 

@@ -67,12 +67,15 @@ def test_library_declares_python_and_dependencies() -> None:
 
 
 def test_engine_without_torch_says_what_to_install(tmp_path: Path) -> None:
-    # paged_llm.kernels itself imports without torch (its CPU bindings are numpy's); its
-    # torch-based names say what to install when asked for.
+    # paged_llm.engine and paged_llm.kernels import without torch (the numpy runner serves
+    # GGUF files on the CPU); the torch path's entry modules and names say what to install.
     probe = (
         "import sys; sys.modules['torch'] = None\n"
         "import paged_llm.protocol.snapshot, paged_llm.client\n"
-        "for name, attr in (('paged_llm.engine', None), ('paged_llm.kernels', 'store_kv')):\n"
+        "import paged_llm.engine.api\n"
+        "for name, attr in (\n"
+        "    ('paged_llm.engine.model.loader', None), ('paged_llm.kernels', 'store_kv')\n"
+        "):\n"
         "    try:\n"
         "        module = __import__(name, fromlist=['_'])\n"
         "        if attr:\n"

@@ -7,42 +7,28 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+try:
+    import torch
+except ImportError:  # the torch path's entry: say what to install
+    from paged_llm.extras import require_engine_extra
+
+    require_engine_extra(__name__)
+    raise
 
 from paged_llm.defaults import BUNDLED_PREFIX, bundled_gguf
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model.architectures import check_supported, exact_context
+from paged_llm.engine.model.loaded import LoadedModel as LoadedModel  # re-exported
 from paged_llm.engine.model.memory import fit_dtype
 from paged_llm.engine.model.quant import Q4Float32Linear, WeightFormat, quantize_model
 from paged_llm.kernels.cpu import attention as cpu_attention
 from paged_llm.kernels.cpu import quant as cpu_quant
 
 _LOGGER = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class LoadedModel:
-    """A model ready to run: weights on the device, tokenizer, and the limits they imply."""
-
-    model: Any
-    tokenizer: Any
-    name: str
-    device: torch.device
-    dtype: torch.dtype
-    max_model_len: int
-    # What sets max_model_len, for errors: "the model's context of N tokens" or the like.
-    context_limit: str
-    eos_token_ids: tuple[int, ...]
-    weights: str = "float"
-    # How decode attention runs on this device and dtype (for diagnostics).
-    attention: str = "torch"
-    # A request that sets no repetition penalty gets this (the model's generation_config).
-    repetition_penalty: float = 1.0
 
 
 def resolve_device(name: str) -> torch.device:

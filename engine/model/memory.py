@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from paged_llm.engine.errors import ModelLoadError
+from paged_llm.engine.model.loaded import device_type
+
+if TYPE_CHECKING:
+    import torch
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -17,9 +19,11 @@ _LOGGER = logging.getLogger(__name__)
 RUNTIME_BYTES = 1 << 30
 
 
-def available_memory(device: torch.device) -> int:
-    """Bytes free on ``device`` right now."""
-    if device.type == "cuda":
+def available_memory(device: Any) -> int:
+    """Bytes free on ``device`` (a torch device, or a name: the numpy path's ``cpu``) now."""
+    if device_type(device) == "cuda":
+        import torch
+
         return int(torch.cuda.mem_get_info(device)[0])
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
@@ -33,6 +37,7 @@ def available_memory(device: torch.device) -> int:
 
 def weight_bytes(model_config: Any, dtype: torch.dtype) -> int:
     """Bytes of the model's parameters in ``dtype``, counted on the meta device (free)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from paged_llm.engine.model import native_model
+from paged_llm.engine.errors import UnsupportedModelError
+from paged_llm.engine.model import native_model, rope
 from paged_llm.engine.model.gguf_layers import GGUFEmbedding, GGUFLinear
 from paged_llm.kernels.cpu import forward as cpu_forward
 from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
@@ -46,6 +47,10 @@ class NativeForward:
         types = rope_types.values() if isinstance(rope_types, dict) else [rope_types]
         self._static = all(t in native_model.STATIC_ROPE for t in types)
         self._tables: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        # rope.py's tables where it computes the kind: the numpy runner's own, so the two
+        # CPU paths hand the C forward the same bits (transformers' module may differ by an
+        # ulp in places, see rope.py); else the model's rotary module.
+        self._numpy = _numpy_tables(config, self._types)
         first = decoder.layers[0].self_attn
         gemma = config.model_type in native_model.GEMMA
         main = self._types[0] if self._types else None
@@ -125,6 +130,9 @@ class NativeForward:
         A static kind is looked up in a table the module filled (each position's values are
         the same products whatever else is in the call), grown as positions grow.
         """
+        if self._numpy is not None:
+            cos_np, sin_np = self._numpy[layer_type].lookup(positions.numpy())
+            return torch.from_numpy(cos_np), torch.from_numpy(sin_np)
         by_type = () if layer_type is None else (layer_type,)
         if not self._static:
             cos, sin = self._rotary(_PROBE, positions.unsqueeze(0), *by_type)
@@ -136,6 +144,35 @@ class NativeForward:
             cos, sin = self._rotary(_PROBE, torch.arange(size).unsqueeze(0), *by_type)
             table = self._tables[layer_type] = (cos[0].contiguous(), sin[0].contiguous())
         return table[0][positions], table[1][positions]
+
+
+def _numpy_tables(config: Any, types: list[str]) -> dict[str | None, rope.RotaryTables] | None:
+    """rope.py's tables of each layer type (``types``, else one for all), or None.
+
+    None where rope.py does not compute a kind (YaRN, length-dependent ones): the model's
+    rotary module gives the tables then.
+    """
+    kinds = native_model.rope_kinds(config)
+    found: dict[str | None, rope.RotaryTables] = {}
+    for key in types or [None]:
+        params = kinds.get(key) or {}
+        kind = params.get("rope_type", "default")
+        if kind not in rope.KINDS or "rope_theta" not in params:
+            return None
+        try:
+            settings = rope.Rope(
+                rope_theta=float(params["rope_theta"]),
+                head_dim=native_model.head_dim(config),
+                rope_type=kind,
+                factor=float(params.get("factor", 1.0)),
+                low_freq_factor=params.get("low_freq_factor"),
+                high_freq_factor=params.get("high_freq_factor"),
+                original_max_position_embeddings=params.get("original_max_position_embeddings"),
+            )
+        except UnsupportedModelError:
+            return None
+        found[key] = rope.RotaryTables(settings)
+    return found
 
 
 # What the rotary module reads of its input: the dtype and device of cos and sin.

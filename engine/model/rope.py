@@ -111,3 +111,29 @@ def tables(inv_freq: np.ndarray, positions: int | np.ndarray) -> tuple[np.ndarra
     # own float32 kernels everywhere (numpy's float32 ones are off by 2 ulp in places).
     wide = np.concatenate((freqs, freqs), axis=-1).astype(np.float64)
     return np.cos(wide).astype(np.float32), np.sin(wide).astype(np.float32)
+
+
+# Tables are grown in powers of two from this many positions.
+_FIRST_TABLE = 1024
+
+
+class RotaryTables:
+    """A Rope's cos and sin per position, worked out once and grown as positions grow.
+
+    Both CPU forwards look their rows up here (the numpy runner, and the torch path's
+    NativeForward for the kinds this module computes), so both hand the C forward the same
+    bits; each position's row is the same whatever else is looked up with it.
+    """
+
+    def __init__(self, settings: Rope) -> None:
+        """Compute the first table."""
+        self._inv_freq = inverse_frequencies(settings)
+        self._cos, self._sin = tables(self._inv_freq, _FIRST_TABLE)
+
+    def lookup(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each position's ``[rows, head_dim]`` float32 cos and sin."""
+        need = int(positions.max()) + 1 if positions.size else 1
+        if need > len(self._cos):
+            size = 1 << (need - 1).bit_length()
+            self._cos, self._sin = tables(self._inv_freq, size)
+        return self._cos[positions], self._sin[positions]

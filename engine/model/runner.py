@@ -8,14 +8,29 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
-from paged_llm.engine.config import KV_CACHE_DTYPES, EngineConfig
+try:
+    import torch
+except ImportError:  # the torch path's entry: say what to install
+    from paged_llm.extras import require_engine_extra
+
+    require_engine_extra(__name__)
+    raise
+
+from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.core.scheduler import SchedulerOutput
 from paged_llm.engine.core.sequence import Sequence
-from paged_llm.engine.model.loader import LoadedModel
+from paged_llm.engine.model.loaded import (
+    LoadedModel,
+    kv_dtype_name,
+    kv_geometry,
+)
+from paged_llm.engine.model.loaded import (
+    kv_bytes_per_block as kv_bytes_per_block,  # re-exported: the torch path's callers
+)
 from paged_llm.engine.model.native_forward import NativeForward
 from paged_llm.engine.model.native_model import NativeModel
+from paged_llm.engine.model.step_inputs import pack_step
 from paged_llm.engine.model.thread_tuner import ThreadTuner
 from paged_llm.engine.sample.penalties import apply_penalties
 from paged_llm.engine.sample.sampler import Sampler
@@ -109,56 +124,18 @@ def _register_attention() -> None:
     AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
 
 
-def kv_geometry(model_config: Any) -> tuple[int, int, int]:
-    """(layers, KV heads, head size) of a transformers config."""
-    heads = int(model_config.num_attention_heads)
-    head_dim = int(getattr(model_config, "head_dim", None) or model_config.hidden_size // heads)
-    kv_heads = int(getattr(model_config, "num_key_value_heads", None) or heads)
-    return int(model_config.num_hidden_layers), kv_heads, head_dim
-
-
-def kv_bytes_per_block(model_config: Any, block_size: int, kv_dtype: torch.dtype) -> int:
-    """Bytes one block of K and V takes across all layers, in the pool's dtype ``kv_dtype``."""
-    layers, kv_heads, head_dim = kv_geometry(model_config)
-    return 2 * layers * block_size * kv_heads * head_dim * torch.finfo(kv_dtype).bits // 8
-
-
 _KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_SIXTEEN_BITS = (torch.float16, torch.bfloat16)
 
 
 def resolve_kv_dtype(
     setting: str, device: torch.device, model_dtype: torch.dtype, weights: str
 ) -> torch.dtype:
-    """The dtype the KV pool holds for a ``kv_cache_dtype`` setting (config.KV_CACHE_DTYPES).
+    """The torch dtype the KV pool holds for a ``kv_cache_dtype`` setting (loaded.kv_dtype_name).
 
-    ``auto`` is float16 on a CPU engine whose float32 model runs quantized weights in place
-    (``weights``, LoadedModel's text, not "float"): the fast path, where a 16-bit pool gives
-    twice the blocks for a budget and halves the bytes a decode reads. Otherwise the model's
-    dtype, so the exact float path keeps its float32 pool and transformers' own tokens, and
-    CUDA (Triton reads the queries' dtype) keeps the model's. An explicit dtype must be the
-    model's, or a 16-bit one under a float32 model on the CPU (the attention widens what it
-    reads to float32); anything else is a ValueError naming the setting.
+    ``auto`` is float16 on a CPU engine whose float32 model runs quantized weights in place,
+    else the model's dtype; an explicit dtype the pool cannot hold is a ValueError.
     """
-    if setting not in KV_CACHE_DTYPES:
-        raise ValueError(
-            f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {setting!r}"
-        )
-    on_cpu = device.type == "cpu"
-    if setting == "auto":
-        fast = on_cpu and model_dtype == torch.float32 and not weights.startswith("float")
-        return torch.float16 if fast else model_dtype
-    kv_dtype = _KV_DTYPES[setting]
-    if kv_dtype == model_dtype:
-        return kv_dtype
-    if on_cpu and model_dtype == torch.float32 and kv_dtype in _SIXTEEN_BITS:
-        return kv_dtype
-    model = _name(model_dtype)
-    raise ValueError(
-        f"kv_cache_dtype {setting} cannot serve a {model} model on {device.type}: the KV cache "
-        f"holds the model's dtype ({model}), or float16 or bfloat16 under a float32 model on "
-        "the CPU; use kv_cache_dtype auto"
-    )
+    return _KV_DTYPES[kv_dtype_name(setting, device.type, _name(model_dtype), weights)]
 
 
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -256,39 +233,17 @@ class ModelRunner:
         chunks = output.chunks
         if not chunks:
             return {}
-        bs = self.block_size
-        ids: list[int] = []
-        starts = np.empty(len(chunks), dtype=np.int64)
-        lens = np.empty(len(chunks), dtype=np.int64)
-        for i, chunk in enumerate(chunks):
-            ids.extend(chunk.seq.token_ids[chunk.start : chunk.start + chunk.num_tokens])
-            starts[i] = chunk.start
-            lens[i] = chunk.num_tokens
-        ends = starts + lens
-        cu = np.zeros(len(chunks) + 1, dtype=np.int64)
-        np.cumsum(lens, out=cu[1:])
-        # Absolute position of every packed token: its chunk's start plus its offset.
-        seq_of_token = np.repeat(np.arange(len(chunks)), lens)
-        positions = np.arange(cu[-1]) - cu[:-1][seq_of_token] + starts[seq_of_token]
-        width = max(len(t) for t in block_tables)
-        tables = np.zeros((len(chunks), width), dtype=np.int64)
-        for i, table in enumerate(block_tables):
-            tables[i, : len(table)] = table
-        slots = tables[seq_of_token, positions // bs] * bs + positions % bs
-
-        sample_rows = [i for i, chunk in enumerate(chunks) if chunk.samples]
-        # The rows whose logits are needed: each sampling chunk's last token (a step that
-        # samples nothing still runs its forward pass for the K/V it stores).
-        keep = cu[1:][sample_rows] - 1 if sample_rows else cu[1:2] - 1
+        step = pack_step(output, block_tables, self.block_size)
+        positions, seq_of_token, slots = step.positions, step.seq_of_token, step.slots
+        tables, keep, sample_rows = step.tables, step.keep, step.sample_rows
+        shape = step.decode_shape
         dev = self.device
-        # Steps that only decode compare by their number of sequences; others not at all.
-        shape = len(chunks) if all(chunk.num_tokens == 1 for chunk in chunks) else None
         threads = self.tuner.pick(shape)
         with torch.inference_mode():
             started = time.perf_counter()
             if self.native is not None:
                 logits = self.native.forward(
-                    torch.tensor(ids),
+                    torch.from_numpy(step.ids),
                     torch.from_numpy(positions),
                     torch.from_numpy(seq_of_token),
                     torch.from_numpy(slots),
@@ -299,10 +254,10 @@ class ModelRunner:
             else:
                 inputs = PagedAttentionInputs(
                     block_tables=torch.from_numpy(tables.astype(np.int32)).to(dev),
-                    context_lens=torch.from_numpy(ends.astype(np.int32)).to(dev),
-                    query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
-                    max_query_len=int(lens.max()),
-                    max_context_len=int(ends.max()),
+                    context_lens=torch.from_numpy(step.ends.astype(np.int32)).to(dev),
+                    query_start_loc=torch.from_numpy(step.cu.astype(np.int32)).to(dev),
+                    max_query_len=int(step.lens.max()),
+                    max_context_len=int(step.ends.max()),
                     # The torch path's plans, worked out by the first layer for all of them.
                     plan_cache={},
                 )
@@ -314,7 +269,7 @@ class ModelRunner:
                     backend=resolve_backend(dev, self.backend),
                 )
                 logits = self.model(
-                    input_ids=torch.tensor([ids], device=dev),
+                    input_ids=torch.from_numpy(step.ids).unsqueeze(0).to(dev),
                     position_ids=torch.from_numpy(positions).unsqueeze(0).to(dev),
                     use_cache=False,
                     logits_to_keep=torch.from_numpy(keep).to(dev),

@@ -5,9 +5,8 @@ from __future__ import annotations
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.core.kv.block_pool import cdiv
 from paged_llm.engine.errors import KVBudgetError
-from paged_llm.engine.model.loader import LoadedModel
+from paged_llm.engine.model.loaded import LoadedModel, config_kv_dtype_name, kv_bytes_per_block
 from paged_llm.engine.model.memory import available_memory
-from paged_llm.engine.model.runner import config_kv_dtype, kv_bytes_per_block
 
 # With max_model_len unset, a pool smaller than this many tokens is an error at start.
 AUTO_MIN_MODEL_LEN = 2048
@@ -21,7 +20,7 @@ def _mib(num_bytes: int) -> str:
 def plan_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
     """Return (number of KV blocks, max model length) for the budget, or raise KVBudgetError."""
     per_block = kv_bytes_per_block(
-        loaded.model.config, config.block_size, config_kv_dtype(config, loaded)
+        loaded.model.config, config.block_size, config_kv_dtype_name(config, loaded)
     )
     if config.kv_budget > 1:
         budget = int(config.kv_budget)

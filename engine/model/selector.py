@@ -1,0 +1,104 @@
+"""Which runner serves a configuration, and loading through it, without importing torch.
+
+A GGUF file (bundled or a path) on a CPU goes to the numpy runner (engine/model/cpu_model.py,
+cpu_runner.py: the C forward over the mapped file, no torch or transformers); everything
+else to the torch path (engine/model/loader.py, runner.py). ``EngineConfig.runner`` forces
+either. With ``auto`` the numpy path is taken for a GGUF file when the device is ``cpu``, or
+``auto`` on a machine without an NVIDIA GPU (torch not installed, or no /dev/nvidia*: decided
+without importing torch), with ``weights`` and ``dtype`` left at what the C forward runs
+(``auto``; float32) and the torch attention backend. Where the numpy path cannot run such a
+file (its architecture, tokenizer or template, or no C kernels) and torch is installed,
+``auto`` falls back to the torch path; otherwise the numpy path's ModelLoadError says what
+is missing and that ``paged-llm[engine]`` runs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
+from paged_llm.engine.config import EngineConfig
+from paged_llm.engine.errors import ModelLoadError
+from paged_llm.engine.model.loaded import NUMPY, TORCH, LoadedModel
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def torch_installed() -> bool:
+    """Whether torch can be found (looked up, not imported: importing takes seconds)."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules["torch"] = None
+        return False
+
+
+def has_nvidia_gpu() -> bool:
+    """Whether the machine shows an NVIDIA GPU's device file (no driver call, no torch)."""
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def is_gguf_source(model: str) -> bool:
+    """Whether a model setting names a GGUF file: a bundled model or a path ending .gguf."""
+    source = model.strip() or DEFAULT_MODEL
+    return source.startswith(BUNDLED_PREFIX) or source.endswith(".gguf")
+
+
+def gguf_path(model: str) -> Path:
+    """The GGUF file a model setting names; ModelLoadError when it is not there."""
+    source = model.strip() or DEFAULT_MODEL
+    if source.startswith(BUNDLED_PREFIX):
+        try:
+            return bundled_gguf(source.removeprefix(BUNDLED_PREFIX))
+        except LookupError as err:
+            raise ModelLoadError(str(err)) from None
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file {source} does not exist")
+    return path
+
+
+def runner_for(config: EngineConfig) -> str:
+    """TORCH or NUMPY: which runner ``config`` asks for (cheap: nothing is imported or built)."""
+    if config.runner != "auto":
+        return config.runner
+    if not is_gguf_source(config.model):
+        return TORCH
+    # What the C forward runs as the torch path's in-place GGUF does: float32 activations,
+    # the file's own blocks, the torch attention backend (triton on a CPU is the interpreter).
+    if config.weights != "auto" or config.dtype not in ("auto", "float32"):
+        return TORCH
+    if config.attention_backend == "triton":
+        return TORCH
+    if config.device == "cpu":
+        return NUMPY
+    if config.device == "auto" and not (torch_installed() and has_nvidia_gpu()):
+        return NUMPY
+    return TORCH
+
+
+Progress = Callable[[float], None]
+
+
+def load_model(
+    config: EngineConfig, progress: Progress | None = None, *, native_model: bool = True
+) -> LoadedModel:
+    """Load the configured model through the runner :func:`runner_for` picks.
+
+    ``native_model`` is the torch loader's (engine/model/loader.py). Every failure is a
+    ModelLoadError naming it.
+    """
+    if runner_for(config) == NUMPY:
+        from paged_llm.engine.model.cpu_model import load_cpu_model
+
+        try:
+            return load_cpu_model(config, progress)
+        except ModelLoadError as err:
+            if config.runner != "auto" or not torch_installed():
+                raise
+            _LOGGER.warning("%s; loading it on the torch path instead", err)
+    from paged_llm.engine.model import loader
+
+    return loader.load_model(config, progress, native_model=native_model)
