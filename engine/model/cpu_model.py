@@ -268,14 +268,15 @@ def load_cpu_model(config: EngineConfig, progress: Progress | None = None) -> Lo
     except OSError as err:
         raise ModelLoadError(f"{path}: {err}") from err
     model_config = config_of(reader.values(), [t.name for t in reader.tensors])
+    weights = read_weights(path, model_config, _part(progress, 0.1))
+    vocab = read_vocabulary(path)
+    tokenizer = GGUFTokenizer(vocab, path)
     if model_config.ignored:
         _LOGGER.info(
             "%s: keys transformers ignores are ignored here too: %s",
             path.name,
             ", ".join(model_config.ignored),
         )
-    vocab = read_vocabulary(path)
-    tokenizer = GGUFTokenizer(vocab, path)
     special = {
         name: vocab.tokens[index]
         for name, index in vocab.special_ids.items()
@@ -283,7 +284,6 @@ def load_cpu_model(config: EngineConfig, progress: Progress | None = None) -> Lo
     }
     name = config.model.strip() or DEFAULT_MODEL
     template = ChatTemplate(vocab.chat_template, special_tokens=special, model=path.name)
-    weights = read_weights(path, model_config, _part(progress, 0.1))
     # As the torch path's GGUF model: the tokenizer's eos and the end-of-turn tokens.
     stops = set(tokenizer.end_of_turn_ids)
     if tokenizer.eos_token_id is not None:
