@@ -18,6 +18,7 @@ from paged_llm.engine.errors import (
     RequestRejected,
 )
 from paged_llm.engine.metrics import MetricsSnapshot
+from paged_llm.engine.model.selector import runner_for
 from paged_llm.engine.outputs import RequestOutput, RequestTiming
 from paged_llm.engine.processor import (
     Constraint,
@@ -45,6 +46,7 @@ __all__ = [
     "SamplingParams",
     "error_info",
     "first_compiled",
+    "runner_for",
     "sampling_params",
     "start_engine",
 ]

@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = engine_config(args)
-        from paged_llm.engine.model.selector import runner_for
+        from paged_llm.engine.api import runner_for
 
         if runner_for(config) == "torch":
             # Looked up, not imported: torch takes seconds, and serve opens its socket first.

@@ -17,6 +17,7 @@ template, a tensor type, no C compiler) is a ModelLoadError that names it and sa
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from paged_llm.defaults import BUNDLED_PREFIX, bundled_gguf
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model import gguf_file
@@ -31,7 +33,6 @@ from paged_llm.engine.model.gguf_config import GGUFConfig, config_of
 from paged_llm.engine.model.gguf_metadata import MetadataReader, Unreadable
 from paged_llm.engine.model.loaded import NUMPY, LoadedModel
 from paged_llm.engine.model.memory import available_memory
-from paged_llm.engine.model.selector import Progress, gguf_path
 from paged_llm.extras import ENGINE_EXTRA
 from paged_llm.kernels.cpu import forward as cpu_forward
 from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
@@ -39,6 +40,7 @@ from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
 _LOGGER = logging.getLogger(__name__)
 
 Floats = npt.NDArray[np.float32]
+Progress = Callable[[float], None]
 # Beside the mapped weights: Python, numpy, the tokenizer and a first KV pool.
 RUNTIME_BYTES = 256 << 20
 # The seven projections of a layer, by their GGUF names, in cpu_forward.Layer's order.
@@ -107,6 +109,20 @@ class CpuModel:
             final_softcap=config.final_logit_softcapping if gemma else None,
             kv_dtype=kv_dtype,
         )
+
+
+def gguf_path(model: str) -> Path:
+    """The GGUF file a model setting names; ModelLoadError when it is not there."""
+    source = model.strip() or DEFAULT_MODEL
+    if source.startswith(BUNDLED_PREFIX):
+        try:
+            return bundled_gguf(source.removeprefix(BUNDLED_PREFIX))
+        except LookupError as err:
+            raise ModelLoadError(str(err)) from None
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file {source} does not exist")
+    return path
 
 
 def _refusal(path: Path, what: str) -> ModelLoadError:

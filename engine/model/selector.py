@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
+from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model.loaded import NUMPY, TORCH, LoadedModel
@@ -44,20 +44,6 @@ def is_gguf_source(model: str) -> bool:
     """Whether a model setting names a GGUF file: a bundled model or a path ending .gguf."""
     source = model.strip() or DEFAULT_MODEL
     return source.startswith(BUNDLED_PREFIX) or source.endswith(".gguf")
-
-
-def gguf_path(model: str) -> Path:
-    """The GGUF file a model setting names; ModelLoadError when it is not there."""
-    source = model.strip() or DEFAULT_MODEL
-    if source.startswith(BUNDLED_PREFIX):
-        try:
-            return bundled_gguf(source.removeprefix(BUNDLED_PREFIX))
-        except LookupError as err:
-            raise ModelLoadError(str(err)) from None
-    path = Path(source).expanduser()
-    if not path.is_file():
-        raise ModelLoadError(f"GGUF file {source} does not exist")
-    return path
 
 
 def runner_for(config: EngineConfig) -> str:
