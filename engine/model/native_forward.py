@@ -146,7 +146,9 @@ class NativeForward:
         return table[0][positions], table[1][positions]
 
 
-def _numpy_tables(config: Any, types: list[str]) -> dict[str | None, rope.RotaryTables] | None:
+def _numpy_tables(
+    config: Any, types: list[str | None]
+) -> dict[str | None, rope.RotaryTables] | None:
     """rope.py's tables of each layer type (``types``, else one for all), or None.
 
     None where rope.py does not compute a kind (YaRN, length-dependent ones): the model's
@@ -154,7 +156,8 @@ def _numpy_tables(config: Any, types: list[str]) -> dict[str | None, rope.Rotary
     """
     kinds = native_model.rope_kinds(config)
     found: dict[str | None, rope.RotaryTables] = {}
-    for key in types or [None]:
+    keys: list[str | None] = types or [None]
+    for key in keys:
         params = kinds.get(key) or {}
         kind = params.get("rope_type", "default")
         if kind not in rope.KINDS or "rope_theta" not in params:

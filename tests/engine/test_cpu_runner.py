@@ -206,3 +206,13 @@ def test_what_the_numpy_runner_cannot_run_is_refused_by_name(tmp_path: Path) -> 
     cuda = EngineConfig(model=str(path), device="cuda", runner="numpy", cache_dir=tmp_path / "c")
     with pytest.raises(ModelLoadError, match=r"not cuda.*paged-llm\[engine\]"):
         load_model(cuda)
+
+
+def test_gemma3_is_refused_until_it_gives_the_torch_paths_tokens(tmp_path: Path) -> None:
+    """Gemma 3 is mapped but not yet shown exact here: refused by name, the torch path named."""
+    from tests.engine.test_gguf_config import _GEMMA3, write_metadata_gguf
+
+    path = write_metadata_gguf(tmp_path / "gemma3.gguf", "gemma3", _GEMMA3)
+    config = EngineConfig(model=str(path), device="cpu", runner="numpy", cache_dir=tmp_path / "c")
+    with pytest.raises(ModelLoadError, match=r"Gemma 3.*paged-llm\[engine\]"):
+        load_model(config)

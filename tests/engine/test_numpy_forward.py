@@ -30,7 +30,6 @@ from paged_llm.engine.model.loader import bundled_gguf_path, load_model
 from paged_llm.engine.model.native_forward import NativeForward
 from paged_llm.engine.model.native_model import NativeModel
 from paged_llm.kernels.cpu import forward as cpu_forward
-
 from tests.helpers.support import CACHE
 
 pytestmark = pytest.mark.skipif(
