@@ -1,15 +1,16 @@
 """Which runner serves a configuration, and loading through it, without importing torch.
 
-A GGUF file (bundled or a path) on a CPU goes to the numpy runner (engine/model/cpu_model.py,
-cpu_runner.py: the C forward over the mapped file, no torch or transformers); everything
-else to the torch path (engine/model/loader.py, runner.py). ``EngineConfig.runner`` forces
-either. With ``auto`` the numpy path is taken for a GGUF file when the device is ``cpu``, or
-``auto`` on a machine without an NVIDIA GPU (torch not installed, or no /dev/nvidia*: decided
-without importing torch), with ``weights`` and ``dtype`` left at what the C forward runs
-(``auto``; float32) and the torch attention backend. Where the numpy path cannot run such a
-file (its architecture, tokenizer or template, or no C kernels) and torch is installed,
-``auto`` falls back to the torch path; otherwise the numpy path's ModelLoadError says what
-is missing and that ``paged-llm[engine]`` runs it.
+The numpy runner (engine/model/cpu_model.py, cpu_runner.py: the C forward over the mapped
+GGUF file, no torch or transformers) or the torch path (engine/model/loader.py, runner.py).
+``EngineConfig.runner`` forces either. With ``auto`` a GGUF file (bundled or a path) goes to
+the numpy runner where torch is not installed (the light CPU install), when the device is
+``cpu`` or ``auto`` and ``weights`` and ``dtype`` are left at what the C forward runs
+(``auto``; float32) with the torch attention backend; everything else, and every
+configuration where torch is installed, takes the torch path as before. (Making the numpy
+runner ``auto``'s choice on every CPU is the next step of issue 57, once the whole suite
+has run against it.) A file the numpy path cannot run (its architecture, tokenizer or
+template, or no C kernels) gets a ModelLoadError saying what is missing and that
+``paged-llm[engine]`` runs it; with ``auto`` and torch installed it loads on the torch path.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
 from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
 from paged_llm.engine.config import EngineConfig
@@ -33,11 +33,6 @@ def torch_installed() -> bool:
         return importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):  # ValueError: sys.modules["torch"] = None
         return False
-
-
-def has_nvidia_gpu() -> bool:
-    """Whether the machine shows an NVIDIA GPU's device file (no driver call, no torch)."""
-    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 def is_gguf_source(model: str) -> bool:
@@ -58,9 +53,7 @@ def runner_for(config: EngineConfig) -> str:
         return TORCH
     if config.attention_backend == "triton":
         return TORCH
-    if config.device == "cpu":
-        return NUMPY
-    if config.device == "auto" and not (torch_installed() and has_nvidia_gpu()):
+    if config.device in ("cpu", "auto") and not torch_installed():
         return NUMPY
     return TORCH
 

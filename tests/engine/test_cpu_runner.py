@@ -19,6 +19,7 @@ from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.llm_engine import LLMEngine
+from paged_llm.engine.model import selector
 from paged_llm.engine.model.cpu_model import read_weights
 from paged_llm.engine.model.cpu_runner import CpuRunner
 from paged_llm.engine.model.gguf_config import config_of
@@ -184,8 +185,14 @@ def test_chat_templates_give_the_torch_paths_ids() -> None:
     assert ours.tokenize("plain <|im_end|> text") == theirs.tokenize("plain <|im_end|> text")
 
 
-def test_auto_takes_the_numpy_runner_for_a_gguf_file_on_a_cpu() -> None:
+def test_auto_takes_the_numpy_runner_for_a_gguf_file_on_a_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Where torch is installed auto keeps the torch path (for now: see selector.py)
+    assert runner_for(EngineConfig(device="cpu")) == "torch"
+    monkeypatch.setattr(selector, "torch_installed", lambda: False)
     assert runner_for(EngineConfig(device="cpu")) == "numpy"
+    assert runner_for(EngineConfig(device="auto")) == "numpy"
     assert runner_for(EngineConfig(device="cpu", runner="torch")) == "torch"
     assert runner_for(EngineConfig(device="cpu", weights="float")) == "torch"
     assert runner_for(EngineConfig(device="cpu", dtype="bfloat16")) == "torch"
