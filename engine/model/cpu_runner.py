@@ -26,7 +26,7 @@ from paged_llm.engine.model.step_inputs import pack_step
 from paged_llm.engine.model.thread_tuner import ThreadTuner
 from paged_llm.engine.sample.numpy_penalties import apply_penalties
 from paged_llm.engine.sample.numpy_sampler import NumpySampler
-from paged_llm.engine.structured.output import StructuredOutput
+from paged_llm.engine.structured.output import StructuredOutput, mask_isolated
 from paged_llm.kernels.cpu import forward as cpu_forward
 
 Floats = npt.NDArray[np.float32]
@@ -128,18 +128,7 @@ class CpuRunner:
         """Mask the constrained rows; return the rows whose grammar failed, with the error."""
         if self.structured is None:
             return {}
-        try:
-            self.structured.apply(logits, seqs)
-            return {}
-        except Exception:
-            # One request's grammar broke the batch: mask row by row so only it fails.
-            failed: dict[int, Exception] = {}
-            for row, seq in enumerate(seqs):
-                try:
-                    self.structured.apply(logits[row : row + 1], [seq])
-                except Exception as err:
-                    failed[row] = err
-            return failed
+        return mask_isolated(self.structured.apply, logits, seqs)
 
     def release(self, request_id: str) -> None:
         """Forget per-request sampler state (its seeded generator)."""

@@ -34,7 +34,7 @@ from paged_llm.engine.model.step_inputs import pack_step
 from paged_llm.engine.model.thread_tuner import ThreadTuner
 from paged_llm.engine.sample.penalties import apply_penalties
 from paged_llm.engine.sample.sampler import Sampler
-from paged_llm.engine.structured.output import StructuredOutput
+from paged_llm.engine.structured.output import StructuredOutput, mask_isolated
 from paged_llm.kernels import (
     AttentionCall,
     PagedAttentionInputs,
@@ -298,18 +298,7 @@ class ModelRunner:
         """Mask the constrained rows; return the rows whose grammar failed, with the error."""
         if self.structured is None:
             return {}
-        try:
-            mask_logits(self.structured, logits, seqs)
-            return {}
-        except Exception:
-            # One request's grammar broke the batch: mask row by row so only it fails.
-            failed: dict[int, Exception] = {}
-            for row, seq in enumerate(seqs):
-                try:
-                    mask_logits(self.structured, logits[row : row + 1], [seq])
-                except Exception as err:
-                    failed[row] = err
-            return failed
+        return mask_isolated(functools.partial(mask_logits, self.structured), logits, seqs)
 
     def release(self, request_id: str) -> None:
         """Forget per-request sampler state (its seeded generator)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -298,3 +299,24 @@ def _looping(tokens: list[int], outputs: int) -> bool:
         if all(tail[i] == tail[i + unit] for i in range(span - unit)):
             return True
     return False
+
+
+def mask_isolated(
+    mask: Callable[[Any, list[Sequence]], None], logits: Any, seqs: list[Sequence]
+) -> dict[int, Exception]:
+    """``mask(logits, seqs)``; where one request's grammar breaks it, row by row instead.
+
+    Returns the rows whose grammar failed, with the error, so only those requests fail and
+    the others keep their masks. ``logits`` is any array whose rows slice (numpy or torch).
+    """
+    try:
+        mask(logits, seqs)
+        return {}
+    except Exception:
+        failed: dict[int, Exception] = {}
+        for row, seq in enumerate(seqs):
+            try:
+                mask(logits[row : row + 1], [seq])
+            except Exception as err:
+                failed[row] = err
+        return failed
