@@ -24,6 +24,7 @@ from paged_llm.engine.model.cpu_model import CpuModel
 from paged_llm.engine.model.loaded import LoadedModel, dtype_name, kv_geometry
 from paged_llm.engine.model.step_inputs import pack_step
 from paged_llm.engine.model.thread_tuner import ThreadTuner
+from paged_llm.engine.sample.isolated import sample_isolated
 from paged_llm.engine.sample.numpy_penalties import apply_penalties
 from paged_llm.engine.sample.numpy_sampler import NumpySampler
 from paged_llm.engine.structured.output import StructuredOutput, mask_isolated
@@ -114,15 +115,7 @@ class CpuRunner:
         seqs = [chunks[i].seq for i in step.sample_rows]
         apply_penalties(logits, seqs)
         failed = self._apply_grammars(logits, seqs)
-        tokens: list[int | Exception]
-        try:
-            tokens = list(self.sampler.sample(logits, seqs))
-        except Exception:
-            # One request broke the batch: sample row by row so only it fails.
-            tokens = self.sampler.sample_each(logits, seqs)
-        for row, err in failed.items():
-            tokens[row] = err
-        return {seq.request_id: tok for seq, tok in zip(seqs, tokens, strict=True)}
+        return sample_isolated(self.sampler, logits, seqs, failed)
 
     def _apply_grammars(self, logits: Floats, seqs: list[Sequence]) -> dict[int, Exception]:
         """Mask the constrained rows; return the rows whose grammar failed, with the error."""

@@ -32,6 +32,7 @@ from paged_llm.engine.model.native_forward import NativeForward
 from paged_llm.engine.model.native_model import NativeModel
 from paged_llm.engine.model.step_inputs import pack_step
 from paged_llm.engine.model.thread_tuner import ThreadTuner
+from paged_llm.engine.sample.isolated import sample_isolated
 from paged_llm.engine.sample.penalties import apply_penalties
 from paged_llm.engine.sample.sampler import Sampler
 from paged_llm.engine.structured.output import StructuredOutput, mask_isolated
@@ -284,15 +285,7 @@ class ModelRunner:
             seqs = [chunks[i].seq for i in sample_rows]
             apply_penalties(logits, seqs)
             failed = self._apply_grammars(logits, seqs)
-            tokens: list[int | Exception]
-            try:
-                tokens = list(self.sampler.sample(logits, seqs))
-            except Exception:
-                # One request broke the batch: sample row by row so only it fails.
-                tokens = self.sampler.sample_each(logits, seqs)
-            for row, err in failed.items():
-                tokens[row] = err
-        return {seq.request_id: tok for seq, tok in zip(seqs, tokens, strict=True)}
+            return sample_isolated(self.sampler, logits, seqs, failed)
 
     def _apply_grammars(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, Exception]:
         """Mask the constrained rows; return the rows whose grammar failed, with the error."""
