@@ -3,21 +3,24 @@
 The numpy runner (engine/model/cpu_model.py, cpu_runner.py: the C forward over the mapped
 GGUF file, no torch or transformers) or the torch path (engine/model/loader.py, runner.py).
 ``EngineConfig.runner`` forces either. With ``auto`` a GGUF file (bundled or a path) goes to
-the numpy runner where torch is not installed (the light CPU install), when the device is
-``cpu`` or ``auto`` and ``weights`` and ``dtype`` are left at what the C forward runs
-(``auto``; float32) with the torch attention backend; everything else, and every
-configuration where torch is installed, takes the torch path as before. (Making the numpy
-runner ``auto``'s choice on every CPU is the next step of issue 57, once the whole suite
-has run against it.) A file the numpy path cannot run (its architecture, tokenizer or
-template, or no C kernels) gets a ModelLoadError saying what is missing and that
-``paged-llm[engine]`` runs it; with ``auto`` and torch installed it loads on the torch path.
+the numpy runner on a CPU: ``device`` ``cpu``, or ``auto`` where torch is not installed or
+no GPU driver is present, with ``weights`` and ``dtype`` left at what the C forward runs
+(``auto``; float32) and the torch attention backend. Everything else (a Hugging Face model,
+a GPU, float or bf16 weights, the Triton backend) takes the torch path. A file the numpy
+path cannot run (its architecture, tokenizer or template, or no C kernels) gets a
+ModelLoadError saying what is missing and that ``paged-llm[engine]`` runs it; with ``auto``
+and torch installed it loads on the torch path instead, with a warning.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import shutil
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
 from paged_llm.engine.config import EngineConfig
@@ -33,6 +36,24 @@ def torch_installed() -> bool:
         return importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):  # ValueError: sys.modules["torch"] = None
         return False
+
+
+# Files a GPU driver creates: NVIDIA's, and AMD's (ROCm builds of torch answer as CUDA).
+_GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd")
+
+
+def gpu_driver_present() -> bool:
+    """Whether a GPU torch could use may be here, judged without importing torch.
+
+    ``device=auto`` on the torch path asks ``torch.cuda.is_available()``, which costs torch's
+    import (seconds); without a GPU driver that answer is no, so the CPU's runner is known
+    without it. A driver with no usable GPU still goes to the torch path, which decides.
+    """
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return False
+    if sys.platform == "linux":
+        return any(Path(name).exists() for name in _GPU_DRIVER_FILES)
+    return shutil.which("nvidia-smi") is not None
 
 
 def is_gguf_source(model: str) -> bool:
@@ -53,7 +74,9 @@ def runner_for(config: EngineConfig) -> str:
         return TORCH
     if config.attention_backend == "triton":
         return TORCH
-    if config.device in ("cpu", "auto") and not torch_installed():
+    if config.device == "cpu":
+        return NUMPY
+    if config.device == "auto" and (not torch_installed() or not gpu_driver_present()):
         return NUMPY
     return TORCH
 

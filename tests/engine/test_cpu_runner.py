@@ -9,6 +9,7 @@ several formats, across prefill chunks, decodes and several sequences at once.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -188,11 +189,17 @@ def test_chat_templates_give_the_torch_paths_ids() -> None:
 def test_auto_takes_the_numpy_runner_for_a_gguf_file_on_a_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Where torch is installed auto keeps the torch path (for now: see selector.py)
-    assert runner_for(EngineConfig(device="cpu")) == "torch"
-    monkeypatch.setattr(selector, "torch_installed", lambda: False)
+    # device=auto: the numpy runner unless torch and a GPU driver are both here.
+    monkeypatch.setattr(selector, "torch_installed", lambda: True)
+    monkeypatch.setattr(selector, "gpu_driver_present", lambda: True)
+    assert runner_for(EngineConfig(device="auto")) == "torch"
     assert runner_for(EngineConfig(device="cpu")) == "numpy"
+    monkeypatch.setattr(selector, "gpu_driver_present", lambda: False)
     assert runner_for(EngineConfig(device="auto")) == "numpy"
+    monkeypatch.setattr(selector, "torch_installed", lambda: False)
+    monkeypatch.setattr(selector, "gpu_driver_present", lambda: True)
+    assert runner_for(EngineConfig(device="auto")) == "numpy"
+    assert runner_for(EngineConfig(device="cpu")) == "numpy"
     assert runner_for(EngineConfig(device="cpu", runner="torch")) == "torch"
     assert runner_for(EngineConfig(device="cpu", weights="float")) == "torch"
     assert runner_for(EngineConfig(device="cpu", dtype="bfloat16")) == "torch"
@@ -202,6 +209,18 @@ def test_auto_takes_the_numpy_runner_for_a_gguf_file_on_a_cpu(
     assert runner_for(EngineConfig(model="/models/x.gguf", device="cpu")) == "numpy"
     with pytest.raises(ValueError, match="runner must be one of auto, torch, numpy"):
         EngineConfig(runner="onnx")
+
+
+def test_no_gpu_driver_is_seen_when_cuda_devices_are_hidden(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CUDA_VISIBLE_DEVICES empty or -1 hides every GPU: the CPU's runner, whatever the driver."""
+    for hidden in ("", "-1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert not selector.gpu_driver_present()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(selector, "_GPU_DRIVER_FILES", (str(Path(__file__)),))
+    assert selector.gpu_driver_present() == (sys.platform == "linux")
 
 
 def test_what_the_numpy_runner_cannot_run_is_refused_by_name(tmp_path: Path) -> None:
