@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paged_llm.defaults import DEFAULT_MODEL, WEIGHT_CHOICES
-from paged_llm.extras import EngineExtraMissing, require_engine_extra
+from paged_llm.extras import (
+    ENGINE_EXTRA,
+    EngineExtraMissing,
+    require_cpu_extra,
+    require_engine_extra,
+)
 from paged_llm.protocol.priority import PRIORITY_NAMES
 
 from .settings import API_KEY_ENV, DEFAULT_BODY_LIMIT, DEFAULT_HOST, DEFAULT_PORT, ServerSettings
@@ -188,11 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = engine_config(args)
         from paged_llm.engine.api import runner_for
 
-        if runner_for(config) == "torch":
-            # Looked up, not imported: torch takes seconds, and serve opens its socket first.
+        # Looked up, not imported: torch takes seconds, and serve opens its socket first.
+        if runner_for(config) == "numpy":
+            require_cpu_extra("paged-llm")
+        else:
             require_engine_extra("paged-llm", ("transformers", "gguf", "accelerate"))
             if importlib.util.find_spec("torch") is None:
-                raise EngineExtraMissing("paged-llm needs PyTorch; pip install 'paged-llm[engine]'")
+                raise EngineExtraMissing(f"paged-llm needs PyTorch; pip install '{ENGINE_EXTRA}'")
         if args.command == "serve":
             from .serve import serve
 

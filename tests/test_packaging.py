@@ -66,6 +66,21 @@ def test_library_declares_python_and_dependencies() -> None:
     assert {"torch", "transformers", "gguf", "accelerate", "numpy", "triton"} <= engine
 
 
+def test_the_cpu_extra_is_the_numpy_runners_and_the_engine_extra_holds_it() -> None:
+    from paged_llm.extras import CPU_MODULES, EXTRA_MODULES
+
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    cpu = _names(extras["cpu"])
+    # Only what the numpy runner imports: nothing of the torch path's world.
+    assert cpu == {"numpy", "tokenizers", "jinja2", "gguf", "llguidance"}
+    # Each distribution's import name is its own here; the installer's checks rely on that.
+    assert set(CPU_MODULES) == cpu
+    # Listed again, not as "paged-llm[cpu]" (Home Assistant's installer ignores extras).
+    assert set(extras["cpu"]) <= set(extras["engine"])
+    assert not any(req.startswith("paged-llm") for req in extras["engine"])
+    assert set(EXTRA_MODULES["cpu"]) < set(EXTRA_MODULES["engine"])
+
+
 def test_engine_without_torch_says_what_to_install(tmp_path: Path) -> None:
     # paged_llm.engine and paged_llm.kernels import without torch (the numpy runner serves
     # GGUF files on the CPU); the torch path's entry modules and names say what to install.

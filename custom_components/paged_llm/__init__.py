@@ -34,7 +34,7 @@ from .const import (
 from .coordinator import PagedLLMCoordinator
 from .embedded import EmbeddedBackend
 from .engine_config import engine_config
-from .engine_import import async_import_engine
+from .engine_import import async_import_engine, async_prepare_runner
 from .entity import engine_device_info
 from .errors import (
     EngineImportError,
@@ -78,7 +78,7 @@ async def _async_start_embedded(hass: HomeAssistant, entry: PagedLLMConfigEntry)
     """Start the entry's engine (model load and KV pool off the event loop)."""
     try:
         module = await async_import_engine(hass)
-    except (TorchUnavailableError, EngineImportError) as err:
+    except EngineImportError as err:
         raise ConfigEntryError(
             translation_domain=DOMAIN,
             translation_key=load_error_key(err),
@@ -90,6 +90,15 @@ async def _async_start_embedded(hass: HomeAssistant, entry: PagedLLMConfigEntry)
         raise ConfigEntryError(
             translation_domain=DOMAIN,
             translation_key="invalid_settings",
+            translation_placeholders={"reason": str(err)},
+        ) from err
+    try:
+        # torch for settings on the torch path (a GPU, a model that is not a GGUF file).
+        await async_prepare_runner(hass, config)
+    except TorchUnavailableError as err:
+        raise ConfigEntryError(
+            translation_domain=DOMAIN,
+            translation_key=load_error_key(err),
             translation_placeholders={"reason": str(err)},
         ) from err
 

@@ -39,7 +39,7 @@ from paged_llm.client import (
     OpenAIClient,
 )
 from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
-from paged_llm.extras import ENGINE_EXTRA
+from paged_llm.extras import CPU, CPU_EXTRA, ENGINE, ENGINE_EXTRA
 
 from .addon import CONF_ADDON, addon_unique_id, discovered_data
 from .const import (
@@ -78,9 +78,18 @@ from .const import (
 )
 from .embedded import EmbeddedBackend
 from .engine_config import engine_config, normalize_model
-from .engine_import import EngineState, async_import_engine, engine_state
-from .engine_install import async_install_engine
-from .errors import EngineImportError, TorchUnavailableError, load_error_key
+from .engine_import import (
+    EngineState,
+    async_import_engine,
+    async_prepare_runner,
+    engine_state,
+    extra_installed,
+    is_musl,
+    musl_reason,
+    needed_extra,
+)
+from .engine_install import async_install_extra
+from .errors import EngineImportError, install_error_key, load_error_key
 from .prompt import DEFAULT_INSTRUCTIONS
 from .runtime import hand_over_backend
 from .schemas import (
@@ -241,6 +250,9 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._load_task: asyncio.Task[EmbeddedBackend] | None = None
         self._install_task: asyncio.Task[None] | None = None
         self._install_failure: tuple[str, str] | None = None
+        # Where the torch path's install goes on: the step after it, and the one that says
+        # why it failed (the user's flow: load, else the engine form; reconfigure: save).
+        self._after_install = ("load", "embedded")
         self._backend: EmbeddedBackend | None = None
         self._server: dict[str, Any] = {}
         self._models: list[str] = []
@@ -273,29 +285,70 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
     async def async_step_install(
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
-        """Install the engine's dependencies (PyTorch and others) while the user waits."""
+        """Install the engine's light CPU extra (no PyTorch) while the user waits."""
         if self._install_task is None or not self._install_task.done():
             if self._install_task is None:
                 self._install_task = self.hass.async_create_task(
-                    async_install_engine(self.hass), f"{DOMAIN} install the engine"
+                    async_install_extra(self.hass, CPU), f"{DOMAIN} install the engine"
                 )
             return self.async_show_progress(
                 step_id="install",
                 progress_action="install_engine",
                 progress_task=self._install_task,
-                description_placeholders={"extra": ENGINE_EXTRA},
+                description_placeholders={"extra": CPU_EXTRA},
             )
         task, self._install_task = self._install_task, None
         try:
             task.result()
         except Exception as err:  # the choice form says why and offers the server
             LOGGER.warning("The engine could not be installed: %s", err)
-            key = load_error_key(err)
-            if key not in ("torch_unavailable", "engine_unavailable"):
-                key = "engine_install_failed"
-            self._install_failure = (key, str(err))
+            self._install_failure = (install_error_key(err), str(err))
             return self.async_show_progress_done(next_step_id="user")
         return self.async_show_progress_done(next_step_id="embedded")
+
+    async def async_step_install_torch(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Install the torch path (PyTorch, transformers) for settings that need it."""
+        if self._install_task is None or not self._install_task.done():
+            if self._install_task is None:
+                self._install_task = self.hass.async_create_task(
+                    async_install_extra(self.hass, ENGINE), f"{DOMAIN} install PyTorch"
+                )
+            return self.async_show_progress(
+                step_id="install_torch",
+                progress_action="install_torch",
+                progress_task=self._install_task,
+                description_placeholders={"extra": ENGINE_EXTRA},
+            )
+        task, self._install_task = self._install_task, None
+        next_step, failed_step = self._after_install
+        try:
+            task.result()
+        except Exception as err:  # the form the settings came from says why
+            LOGGER.warning("PyTorch could not be installed: %s", err)
+            self._errors, self._reason = {"base": install_error_key(err)}, str(err)
+            return self.async_show_progress_done(next_step_id=failed_step)
+        return self.async_show_progress_done(next_step_id=next_step)
+
+    async def _async_needs_torch_install(self, data: Mapping[str, Any]) -> bool:
+        """Whether ``data`` runs on the torch path and its extra is not installed here.
+
+        On musl, where PyTorch has no packages, it is a form error instead (set here).
+        """
+
+        def missing() -> bool:
+            """Whether the settings' extra is the torch path's and is missing (blocking)."""
+            config = engine_config(self.hass, data)
+            return needed_extra(config) == ENGINE and not extra_installed(ENGINE)
+
+        if not await self.hass.async_add_executor_job(missing):
+            return False
+        if is_musl():
+            self._errors = {"base": "torch_unavailable"}
+            self._reason = f"{musl_reason()}: PyTorch publishes no packages for it"
+            return False
+        return True
 
     async def async_step_embedded(
         self, user_input: dict[str, Any] | None = None
@@ -312,15 +365,19 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             self._data = data
             try:
                 await async_import_engine(self.hass)
-            except (TorchUnavailableError, EngineImportError):
+            except EngineImportError:
                 # The load step fails the same way and names it on the form.
                 return await self.async_step_load()
             try:
-                engine_config(self.hass, data)
+                needs_torch = await self._async_needs_torch_install(data)
             except ValueError as err:
                 self._errors, self._reason = {"base": "invalid_settings"}, str(err)
             else:
-                return await self.async_step_load()
+                if needs_torch:
+                    self._after_install = ("load", "embedded")
+                    return await self.async_step_install_torch()
+                if not self._errors:
+                    return await self.async_step_load()
         return self._show_engine_form()
 
     def _show_engine_form(self, suggested: Mapping[str, Any] | None = None) -> ConfigFlowResult:
@@ -484,6 +541,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         """Load the model and size the KV pool exactly as the entry will (the test)."""
         module = await async_import_engine(self.hass)
         config = engine_config(self.hass, self._data)
+        await async_prepare_runner(self.hass, config)
         loop = self.hass.loop
         latest: list[float] = []
 
@@ -556,8 +614,9 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
         if entry.data.get(CONF_BACKEND) == BACKEND_REMOTE:
             return await self.async_step_server()
-        errors: dict[str, str] = {}
-        reason = ""
+        # A failed install of the torch path comes back here with its error.
+        errors, self._errors = self._errors, {}
+        reason, self._reason = self._reason, ""
         if user_input is not None:
             data = {**entry.data, **coerce_engine_input(user_input)}
             try:
@@ -565,18 +624,23 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 await self.hass.async_add_executor_job(
                     check_engine_settings, self.hass, entry, data
                 )
+                needs_torch = await self._async_needs_torch_install(data)
             except ValueError as err:
                 errors["base"], reason = "invalid_settings", str(err)
             except Exception as err:  # KV budget, model load, engine import: named on the form
                 errors["base"], reason = load_error_key(err), str(err)
             else:
-                if entry.state is not ConfigEntryState.LOADED:
-                    # No update listener runs for an entry that failed to start.
-                    self.hass.config_entries.async_schedule_reload(entry.entry_id)
-                return self.async_update_and_abort(entry, data=data)
+                self._data = data
+                if needs_torch:
+                    self._after_install = ("reconfigure_save", "reconfigure")
+                    return await self.async_step_install_torch()
+                if not self._errors:
+                    return await self.async_step_reconfigure_save()
+                errors, self._errors = self._errors, {}
+                reason, self._reason = self._reason, ""
         return self.async_show_form(
             step_id="reconfigure",
-            data_schema=engine_schema(user_input or entry.data, with_model=False),
+            data_schema=engine_schema(user_input or self._data or entry.data, with_model=False),
             errors=errors,
             description_placeholders={
                 "model": model_label(entry.data[CONF_MODEL]),
@@ -584,6 +648,16 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 **chosen_settings(entry),
             },
         )
+
+    async def async_step_reconfigure_save(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Save the checked settings of a reconfigure; the entry restarts with them."""
+        entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
+        if entry.state is not ConfigEntryState.LOADED:
+            # No update listener runs for an entry that failed to start.
+            self.hass.config_entries.async_schedule_reload(entry.entry_id)
+        return self.async_update_and_abort(entry, data=self._data)
 
     async def async_step_reauth(self, entry_data: Mapping[str, Any]) -> ConfigFlowResult:
         """The server refused the entry's API key: ask for the one it expects now."""

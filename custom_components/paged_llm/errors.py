@@ -30,6 +30,12 @@ def load_error_key(err: BaseException) -> str:
     return code if code in _LOAD_ERROR_KEYS else "engine_start_failed"
 
 
+def install_error_key(err: BaseException) -> str:
+    """The form error of a failed install: what could not be imported after it, else the install."""
+    key = load_error_key(err)
+    return key if key in ("torch_unavailable", "engine_unavailable") else "engine_install_failed"
+
+
 def is_transient_load_error(err: BaseException) -> bool:
     """Whether a failed start may succeed later unchanged (memory or network, not settings)."""
     cause: BaseException | None = err

@@ -129,7 +129,7 @@ def test_the_dockerfile_alone_builds_the_image_for_every_architecture() -> None:
     # No BUILD_FROM comes from the builder: the default is a multi-platform Debian base.
     (default,) = re.findall(r"^ARG BUILD_FROM=(\S+)$", DOCKERFILE, re.MULTILINE)
     assert IMAGE_BUILD.match(default)
-    assert "slim-" in default  # Debian (glibc), so PyTorch's wheels install
+    assert "slim-" in default  # Debian (glibc)
     # The label the Supervisor knows an add-on's image by, and the image's own description.
     labels = dict(re.findall(r'([\w.]+)="([^"]*)"', DOCKERFILE.split("\nLABEL ", 1)[1]))
     assert labels["io.hass.type"] == "addon"
@@ -138,7 +138,12 @@ def test_the_dockerfile_alone_builds_the_image_for_every_architecture() -> None:
         key.removeprefix("org.opencontainers.image.") for key in labels
     }
     assert f"\nARG BUILD_VERSION={CONFIG['version']}\n" in DOCKERFILE
-    assert "download.pytorch.org/whl/cpu" in DOCKERFILE
+    # The light cpu extra (the numpy runner), no PyTorch; gcc builds the C kernels.
+    assert "[cpu]" in DOCKERFILE
+    assert "[engine]" not in DOCKERFILE
+    assert "pytorch.org" not in DOCKERFILE
+    assert "gcc" in DOCKERFILE
+    assert "from paged_llm.kernels.cpu import native_build" in DOCKERFILE
     assert "COPY paged_llm_addon /opt/paged-llm-addon/paged_llm_addon" in DOCKERFILE
     assert 'CMD ["/run.sh"]' in DOCKERFILE
 

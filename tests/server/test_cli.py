@@ -80,3 +80,25 @@ def test_the_json_string_cap_reaches_the_engine_config() -> None:
     assert engine_config(parser.parse_args(["serve"])).json_bounds.string_chars == 1000
     with pytest.raises(ValueError, match="string_chars must be at least 1"):
         engine_config(parser.parse_args(["serve", "--json-string-chars", "0"]))
+
+
+@pytest.mark.parametrize(
+    ("runner", "blocked", "extra"),
+    [("numpy", "llguidance", "paged-llm[cpu]"), ("torch", "transformers", "paged-llm[engine]")],
+)
+def test_a_missing_extra_is_named_before_anything_loads(
+    runner: str,
+    blocked: str,
+    extra: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The runner the settings take decides which extra to name: the light one for the
+    # numpy runner (no torch needed), the torch path's for the torch runner.
+    from paged_llm.server.cli import main
+
+    monkeypatch.setitem(sys.modules, blocked, None)
+    assert main(["chat", "Hi", "--runner", runner, "--device", "cpu"]) == 1
+    message = capsys.readouterr().err
+    assert repr(blocked) in message
+    assert f"pip install '{extra}'" in message

@@ -12,7 +12,7 @@ from homeassistant import config_entries
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import CONF_LLM_HASS_API, CONF_MODEL, CONF_NAME, CONF_PROMPT
 from homeassistant.core import HomeAssistant
-from homeassistant.data_entry_flow import FlowResultType, InvalidData
+from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
@@ -183,9 +183,11 @@ async def test_missing_gguf_file_is_a_form_error(
     assert "does not exist" in result["description_placeholders"]["reason"]
 
 
-async def test_broken_torch_explains_itself_and_offers_only_the_server(
-    hass: HomeAssistant,
+async def test_broken_torch_is_named_where_the_settings_need_it(
+    hass: HomeAssistant, engine_settings: dict[str, Any]
 ) -> None:
+    """The engine itself needs no torch, so a broken torch leaves it on offer; a model on
+    the torch path (the tiny model is a folder, not a GGUF file) then fails naming it."""
     real_import = importlib.import_module
 
     def no_torch(name: str, package: str | None = None) -> Any:
@@ -194,18 +196,11 @@ async def test_broken_torch_explains_itself_and_offers_only_the_server(
         return real_import(name, package)
 
     with patch("custom_components.paged_llm.engine_import.importlib.import_module", no_torch):
-        result = await hass.config_entries.flow.async_init(
-            DOMAIN, context={"source": config_entries.SOURCE_USER}
-        )
-        assert result["step_id"] == "user"
-        assert result["errors"] == {"base": "torch_unavailable"}
-        assert "libtorch_cpu.so" in result["description_placeholders"]["reason"]
-        assert result["data_schema"].schema["backend"].config["options"] == ["remote"]
-        # The engine cannot even be asked for.
-        with pytest.raises(InvalidData):
-            await hass.config_entries.flow.async_configure(
-                result["flow_id"], {"backend": "embedded"}
-            )
+        result = await _user_flow(hass, engine_settings)
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "embedded"
+    assert result["errors"] == {"base": "torch_unavailable"}
+    assert "libtorch_cpu.so" in result["description_placeholders"]["reason"]
 
 
 async def test_duplicate_model_is_aborted(

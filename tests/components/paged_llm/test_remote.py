@@ -28,7 +28,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.paged_llm.const import DEFAULT_SUMMARY_REPETITION_PENALTY
 from custom_components.paged_llm.diagnostics import async_get_config_entry_diagnostics
-from custom_components.paged_llm.engine_install import engine_requirements
+from custom_components.paged_llm.engine_install import extra_requirements
 from custom_components.paged_llm.home_grammar import async_get_home
 from paged_llm.protocol.tool_prompt import template_shows_tools, template_source, tools_as_text
 from tests.helpers.remote_server import ServerProcess, free_port
@@ -556,25 +556,15 @@ async def test_server_stopped_and_restarted_under_home_assistant(
 async def test_without_torch_the_server_choice_still_works(
     hass: HomeAssistant, ha_core: None, server: ServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # torch cannot be imported at all. The engine is offered (Home Assistant would install
-    # it); the install cannot make it importable, so the form says why, offers the server.
+    # torch cannot be imported at all. The engine is offered (it needs no torch for a GGUF
+    # model on the CPU); the server is chosen instead and works.
     monkeypatch.setitem(sys.modules, "torch", None)
-    assert {"torch>=2.9", "transformers<6,>=5.0"} <= set(engine_requirements())
+    assert {"torch>=2.9", "transformers<6,>=5.0"} <= set(extra_requirements("engine"))
     result = await hass.config_entries.flow.async_init(
         DOMAIN, context={"source": config_entries.SOURCE_USER}
     )
+    assert result["errors"] == {}
     assert result["data_schema"].schema["backend"].config["options"] == ["embedded", "remote"]
-    result = await hass.config_entries.flow.async_configure(
-        result["flow_id"], {"backend": "embedded"}
-    )
-    assert result["type"] is FlowResultType.SHOW_PROGRESS
-    assert result["progress_action"] == "install_engine"
-    await hass.async_block_till_done()
-    result = await hass.config_entries.flow.async_configure(result["flow_id"])
-    assert result["step_id"] == "user"
-    assert result["errors"] == {"base": "torch_unavailable"}
-    assert "torch" in result["description_placeholders"]["reason"]
-    assert result["data_schema"].schema["backend"].config["options"] == ["remote"]
     result = await hass.config_entries.flow.async_configure(
         result["flow_id"], {"backend": "remote"}
     )
