@@ -1,0 +1,113 @@
+"""One clear error per caller: parts failing (several at once) reach it as one translated error."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from typing import Any
+
+import pytest
+from homeassistant.core import HomeAssistant
+from homeassistant.exceptions import HomeAssistantError
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+from custom_components.paged_llm.backend import BackendError
+from custom_components.paged_llm.const import DOMAIN
+from custom_components.paged_llm.errors import one_error
+from tests.helpers.support import becomes_true
+
+# Long enough for a 512-token context to cut it into more parts than run at once.
+WORDS = 3000
+
+
+async def _small_context_entry(hass: HomeAssistant, entry: MockConfigEntry) -> Any:
+    """Set ``entry`` up with a 512-token context, so a few thousand words make many parts."""
+    hass.config_entries.async_update_entry(entry, data={**entry.data, "max_model_len": 512})
+    assert await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    return entry.runtime_data.backend.engine
+
+
+async def _settled(engine: Any) -> Any:
+    """The engine's metrics once nothing runs, waits or holds a block (within 10 s)."""
+    for _ in range(200):
+        metrics = engine.metrics()
+        idle = metrics.num_requests_running == metrics.num_requests_waiting == 0
+        if idle and metrics.kv_blocks_used == 0:
+            break
+        await asyncio.sleep(0.05)
+    return metrics
+
+
+async def _parts_running(engine: Any) -> None:
+    """Wait until at least two of a summary's parts run on the engine at once."""
+    assert await becomes_true(lambda: engine.metrics().num_requests_running >= 2, 120)
+
+
+async def test_parts_failing_together_on_a_live_engine_give_one_error_and_free_their_blocks(
+    hass: HomeAssistant,
+    mock_config_entry: MockConfigEntry,
+    ha_core: None,
+    make_long_text: Callable[[int], str],
+) -> None:
+    """Parts the engine refuses after they started: one error; the others abort, blocks return."""
+    from paged_llm.engine.errors import RequestRejected
+
+    engine = await _small_context_entry(hass, mock_config_entry)
+    real_generate = engine.generate
+    started = itertools.count()
+    fail = asyncio.Event()
+
+    async def refusing(
+        prompt: Any, params: Any, priority: Any, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """The real request, refused after its first output once ``fail`` is set (two parts)."""
+        number = next(started)
+        async with aclosing(real_generate(prompt, params, priority, **kwargs)) as outputs:
+            async for out in outputs:
+                yield out
+                if number < 2:
+                    await fail.wait()
+                    raise RequestRejected("queue_full", "the queue is full")
+
+    engine.generate = refusing  # type: ignore[method-assign]
+    try:
+        call = hass.async_create_task(
+            hass.services.async_call(
+                DOMAIN,
+                "summarize",
+                {"text": make_long_text(WORDS), "max_tokens": 8},
+                blocking=True,
+                return_response=True,
+            )
+        )
+        await _parts_running(engine)
+        assert await becomes_true(lambda: engine.metrics().kv_blocks_used > 0, 60)
+        fail.set()
+        with pytest.raises(HomeAssistantError) as err:
+            await call
+        assert err.value.translation_key == "rejected_queue_full"
+        assert isinstance(err.value.__cause__, ExceptionGroup)
+        assert len(err.value.__cause__.exceptions) == 2
+        # The parts still running were cancelled: their requests aborted, their blocks back.
+        metrics = await _settled(engine)
+        assert metrics.num_requests_running == metrics.num_requests_waiting == 0
+        assert metrics.kv_blocks_used == 0
+        assert engine.is_running
+    finally:
+        del engine.generate
+        assert await hass.config_entries.async_unload(mock_config_entry.entry_id)
+
+
+def test_one_error_picks_the_first_meaningful_failure_of_a_group() -> None:
+    first = HomeAssistantError(translation_domain=DOMAIN, translation_key="engine_restarting")
+    group = ExceptionGroup("parts", [RuntimeError("bug"), first, BackendError("engine_dead", "x")])
+    assert one_error(group) is first
+    # A backend error is translated; an unexpected one is the generic failure, named.
+    translated = one_error(ExceptionGroup("parts", [BackendError("engine_dead", "stopped")]))
+    assert translated.translation_key == "engine_dead"
+    bug = one_error(ExceptionGroup("parts", [ExceptionGroup("inner", [RuntimeError("bug")])]))
+    assert bug.translation_key == "generation_failed"
+    assert bug.translation_placeholders == {"reason": "bug"}
