@@ -30,7 +30,8 @@ async def _small_context_entry(hass: HomeAssistant, entry: MockConfigEntry) -> A
     """Set ``entry`` up with a 512-token context, so a few thousand words make many parts."""
     hass.config_entries.async_update_entry(entry, data={**entry.data, "max_model_len": 512})
     assert await hass.config_entries.async_setup(entry.entry_id)
-    await hass.async_block_till_done()
+    # With the agent's prompt warm-up, so the summary's requests are the only ones.
+    await hass.async_block_till_done(wait_background_tasks=True)
     return entry.runtime_data.backend.engine
 
 
@@ -152,16 +153,20 @@ async def test_parts_failing_together_on_a_live_engine_give_one_error_and_free_t
     real_generate = engine.generate
     started = itertools.count()
     fail = asyncio.Event()
+    waiting = 0
 
     async def refusing(
         prompt: Any, params: Any, priority: Any, **kwargs: Any
     ) -> AsyncIterator[Any]:
         """The real request, refused after its first output once ``fail`` is set (two parts)."""
-        number = next(started)
+        nonlocal waiting
+        # Only the summary's parts (background), not a warm-up of the agent's prompt.
+        number = next(started) if priority == "background" else None
         async with aclosing(real_generate(prompt, params, priority, **kwargs)) as outputs:
             async for out in outputs:
                 yield out
-                if number < 2:
+                if number is not None and number < 2:
+                    waiting += 1
                     await fail.wait()
                     raise RequestRejected("queue_full", "the queue is full")
 
@@ -176,8 +181,9 @@ async def test_parts_failing_together_on_a_live_engine_give_one_error_and_free_t
                 return_response=True,
             )
         )
-        await _parts_running(engine)
-        assert await becomes_true(lambda: engine.metrics().kv_blocks_used > 0, 60)
+        # Both refused parts hold blocks and wait, so they fail in the same loop turn.
+        assert await becomes_true(lambda: waiting == 2, 120)
+        assert await becomes_true(lambda: engine.metrics().kv_blocks_used > 0, 10)
         fail.set()
         with pytest.raises(HomeAssistantError) as err:
             await call
