@@ -12,6 +12,7 @@ from aiohttp import web
 from paged_llm.protocol.errors import ApiError, error_body
 
 from .app_keys import HOST, METRICS, SETTINGS
+from .generation import engine_error
 from .host import EngineHost
 from .metrics import ServerMetrics
 from .routes import add_routes
@@ -51,8 +52,12 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception as err:
-        _LOGGER.exception("Unexpected error serving %s", request.path)
-        return _error_response(ApiError(500, f"internal error: {err}", code="internal_error"))
+        # The engine's own errors keep their status (a stopped engine is a 503 on any
+        # endpoint); anything else is a bug, logged with its traceback.
+        api_error = engine_error(err, retry_after=1)
+        if api_error.code == "internal_error":
+            _LOGGER.exception("Unexpected error serving %s", request.path)
+        return _error_response(api_error)
 
 
 @web.middleware

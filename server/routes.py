@@ -33,7 +33,7 @@ from paged_llm.protocol.tool_calls import ToolCallStream
 
 from . import sse
 from .app_keys import HOST, METRICS
-from .generation import run, sampling_params, tokenize
+from .generation import engine_error, run, sampling_params, tokenize
 from .host import EngineHost, HostState
 from .metrics import CONTENT_TYPE
 
@@ -157,6 +157,15 @@ async def _generate(
         if stream is None:
             raise
         return await _fail_stream(stream, err)
+    except ConnectionResetError:
+        raise  # the client went away: nobody reads an error event
+    except Exception as err:
+        if stream is None:
+            raise  # the error middleware answers with OpenAI's error JSON
+        # Headers are sent: an error response now would land inside the event stream
+        # and break the client's parser; the error is the stream's last event instead.
+        _LOGGER.exception("Unexpected error streaming %s", request.path)
+        return await _fail_stream(stream, engine_error(err, 1))
     return _Generated(out, "".join(text), stream)
 
 

@@ -10,8 +10,8 @@ from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 
 from .backend import BackendError, Delta, Sampling
-from .const import DOMAIN, LOGGER
-from .errors import ha_error
+from .const import LOGGER
+from .errors import ha_error, one_error
 from .runtime import PagedLLMConfigEntry
 
 
@@ -50,12 +50,7 @@ async def async_stream(
     except HomeAssistantError:
         raise
     except Exception as err:
-        LOGGER.exception("Generation failed")
-        raise HomeAssistantError(
-            translation_domain=DOMAIN,
-            translation_key="generation_failed",
-            translation_placeholders={"reason": str(err)},
-        ) from err
+        raise one_error(err) from err
 
 
 async def async_complete(

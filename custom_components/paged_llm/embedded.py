@@ -62,6 +62,11 @@ class EmbeddedBackend:
         self._busy = 0
         self._timer: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()
+        # Closed on purpose (the entry unloads or reloads, Home Assistant stops): requests
+        # the stop ends are told the engine is restarting, not that it broke.
+        self._closing = False
+        # A crash asks for one reload, however many requests it ends.
+        self._restart_asked = False
         # Each subscriber, with how to leave the current engine's pushes (None: unloaded).
         self._subscribers: dict[Callable[[MetricsSnapshot], None], Callable[[], None] | None] = {}
 
@@ -127,6 +132,23 @@ class EmbeddedBackend:
         """Whether the engine's thread runs, or it was unloaded on purpose and can reload."""
         return self.unloaded or bool(self.engine.is_running)
 
+    def _error(self, err: EngineError, restart: bool = False) -> BackendError:
+        """The seam's error for ``err``, knowing why the engine stopped.
+
+        A stop this backend asked for (an unload or a reload) is ``engine_restarting``.
+        With ``restart`` (a request, whose caller reloads the entry), a crash asks for a
+        restart, once; anything else maps as :func:`backend_error` says.
+        """
+        from paged_llm.engine.api import EngineDeadError
+
+        if not isinstance(err, EngineDeadError):
+            return backend_error(err)
+        if self._closing and self.engine.error is None:
+            return BackendError("engine_restarting", str(err))
+        crashed = restart and self.engine.error is not None and not self._restart_asked
+        self._restart_asked = self._restart_asked or crashed
+        return backend_error(err, restart=crashed)
+
     def _tokenizer(self) -> Any:
         """The model's tokenizer, or a seam error once the engine is gone."""
         from paged_llm.engine.api import EngineDeadError
@@ -134,17 +156,26 @@ class EmbeddedBackend:
         try:
             return self.engine.tokenizer
         except EngineDeadError as err:
-            raise backend_error(err) from err
+            raise self._error(err) from err
 
     @property
     def native_tools(self) -> bool:
         """Whether the model's chat template renders a tools list itself."""
         return template_knows_tools(self._tokenizer())
 
+    def _info(self) -> Any:
+        """The engine's model, pool and limits, or a seam error once the engine is gone."""
+        from paged_llm.engine.api import EngineDeadError
+
+        try:
+            return self.engine.info
+        except EngineDeadError as err:
+            raise self._error(err) from err
+
     @property
     def context_size(self) -> int:
         """The engine's context length."""
-        return self.engine.info.max_model_len
+        return int(self._info().max_model_len)
 
     @property
     def context_known(self) -> bool:
@@ -154,7 +185,7 @@ class EmbeddedBackend:
     @property
     def kv_pool_tokens(self) -> int:
         """Tokens the engine's KV pool holds."""
-        return self.engine.info.pool_tokens
+        return int(self._info().pool_tokens)
 
     async def async_count_tokens(self, text: str) -> int:
         """Tokens in ``text`` by the model's tokenizer (off the event loop)."""
@@ -197,7 +228,7 @@ class EmbeddedBackend:
         tools: list[dict[str, Any]] | None,
     ) -> AsyncIterator[Delta]:
         """One request on the loaded engine."""
-        from paged_llm.engine.api import EngineDeadError, EngineError, sampling_params
+        from paged_llm.engine.api import EngineError, sampling_params
 
         prompt, kwargs, templated = self._prompt(messages, sampling)
         try:
@@ -225,8 +256,7 @@ class EmbeddedBackend:
                     cached_tokens=out.cached_tokens,
                 )
         except EngineError as err:
-            crashed = isinstance(err, EngineDeadError) and self.engine.error is not None
-            raise backend_error(err, restart=crashed) from err
+            raise self._error(err, restart=True) from err
 
     def _prompt(
         self, messages: Sequence[Mapping[str, Any]], sampling: Sampling
@@ -259,7 +289,7 @@ class EmbeddedBackend:
         try:
             ids = await self.engine.tokenize(prompt, tools, kwargs)
         except EngineError as err:
-            raise backend_error(err) from err
+            raise self._error(err) from err
         return len(ids), True
 
     def _template_kwargs(self, sampling: Sampling) -> dict[str, Any] | None:
@@ -385,4 +415,5 @@ class EmbeddedBackend:
             self._timer.cancel()
             self._timer = None
         self.idle_unload_s = 0.0
+        self._closing = True
         await self.engine.stop()

@@ -8,6 +8,7 @@ from typing import Any
 import probatio
 from homeassistant.components import conversation
 from homeassistant.config_entries import ConfigSubentry
+from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers import llm
 from homeassistant.helpers.entity import Entity
@@ -30,7 +31,7 @@ from .const import (
     STRUCTURE_FREQUENCY_PENALTY,
     SUBENTRY_CONVERSATION,
 )
-from .errors import ha_error
+from .errors import ha_error, one_error
 from .home_grammar import async_get_home, grammar_tools
 from .prompt import (
     build_messages,
@@ -155,21 +156,30 @@ class PagedLLMBaseLLMEntity(Entity):
         max_history = int(settings.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
         finish: list[str | None] = [None]
 
-        for _iteration in range(MAX_TOOL_ITERATIONS):
-            messages = build_messages(
-                trim_history(chat_log.content, max_history),
-                tools=tools,
-                native_tools=native_tools,
-                json_instruction=json_instruction,
-            )
-            parser = ToolCallStream(tool_names) if tools else None
-            stream = self._async_stream(
-                chat_log, messages, sampling, tools if native_tools else None, parser, finish
-            )
-            async for _content in chat_log.async_add_delta_content_stream(self.entity_id, stream):
-                pass
-            if not chat_log.unresponded_tool_results:
-                break
+        try:
+            for _iteration in range(MAX_TOOL_ITERATIONS):
+                messages = build_messages(
+                    trim_history(chat_log.content, max_history),
+                    tools=tools,
+                    native_tools=native_tools,
+                    json_instruction=json_instruction,
+                )
+                parser = ToolCallStream(tool_names) if tools else None
+                stream = self._async_stream(
+                    chat_log, messages, sampling, tools if native_tools else None, parser, finish
+                )
+                async for _content in chat_log.async_add_delta_content_stream(
+                    self.entity_id, stream
+                ):
+                    pass
+                if not chat_log.unresponded_tool_results:
+                    break
+        except HomeAssistantError:
+            raise
+        except Exception as err:
+            # Assist speaks a HomeAssistantError's message; anything else would end the
+            # pipeline with no answer at all.
+            raise one_error(err) from err
         return finish[0]
 
     def _grammar_tools(

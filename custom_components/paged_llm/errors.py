@@ -5,7 +5,7 @@ from __future__ import annotations
 from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
 
 from .backend import BackendError
-from .const import DOMAIN
+from .const import DOMAIN, LOGGER
 
 # Failed starts with a translation of their own (the engine errors' codes).
 _LOAD_ERROR_KEYS = frozenset({"kv_budget_too_small", "unsupported_model", "model_load_failed"})
@@ -55,4 +55,45 @@ def ha_error(err: BackendError) -> HomeAssistantError:
         translation_domain=DOMAIN,
         translation_key=err.key,
         translation_placeholders={"reason": err.reason, **err.placeholders},
+    )
+
+
+def _first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The failure of a group that says most: the first translated or backend error.
+
+    A task group collects its tasks' failures in the order they failed; when several
+    parts fail together (the engine stopped under them), they all say the same thing, so
+    the first meaningful one stands for the rest.
+    """
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        err = pending.pop(0)
+        if isinstance(err, BaseExceptionGroup):
+            pending[:0] = list(err.exceptions)
+        else:
+            leaves.append(err)
+    for err in leaves:
+        if isinstance(err, HomeAssistantError | BackendError):
+            return err
+    return leaves[0]
+
+
+def one_error(err: Exception) -> HomeAssistantError:
+    """One translated Home Assistant error for any failure of a request, groups included.
+
+    What Home Assistant's service layer, the REST API and Assist show is this one error;
+    an unexpected exception is logged with its traceback and named in the message.
+    """
+    if isinstance(err, BaseExceptionGroup):
+        err = _first_failure(err)  # type: ignore[assignment]
+    if isinstance(err, HomeAssistantError):
+        return err
+    if isinstance(err, BackendError):
+        return ha_error(err)
+    LOGGER.error("Generation failed", exc_info=err)
+    return HomeAssistantError(
+        translation_domain=DOMAIN,
+        translation_key="generation_failed",
+        translation_placeholders={"reason": str(err) or type(err).__name__},
     )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import probatio
 from homeassistant.core import HomeAssistant, ServiceCall, ServiceResponse, SupportsResponse
-from homeassistant.exceptions import ServiceValidationError
+from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
 from homeassistant.helpers import config_validation as cv
 from homeassistant.helpers import selector, service
 
@@ -38,6 +40,7 @@ from .const import (
     SERVICE_SUMMARIZE,
 )
 from .entity import agent_sampling
+from .errors import one_error
 from .runtime import PagedLLMConfigEntry
 from .summarize import Summarizer
 
@@ -75,6 +78,29 @@ SUMMARIZE_SCHEMA = probatio.Schema(
         ): probatio.All(probatio.Coerce(float), probatio.Range(min=1, max=2)),
     }
 )
+
+
+def _one_error(
+    handler: Callable[[ServiceCall], Coroutine[Any, Any, ServiceResponse]],
+) -> Callable[[ServiceCall], Coroutine[Any, Any, ServiceResponse]]:
+    """``handler``, raising one translated error for any failure, never a group or a bare one.
+
+    Home Assistant translates a single HomeAssistantError (the REST API answers it with
+    its message as JSON); anything else reaches callers as an untranslated 500.
+    Cancellation (a stopped automation) passes as it is.
+    """
+
+    @functools.wraps(handler)
+    async def wrapped(call: ServiceCall) -> ServiceResponse:
+        """Run the action; translate what fails."""
+        try:
+            return await handler(call)
+        except HomeAssistantError:
+            raise
+        except Exception as err:
+            raise one_error(err) from err
+
+    return wrapped
 
 
 def _loaded_entry(hass: HomeAssistant, call: ServiceCall) -> PagedLLMConfigEntry:
@@ -199,14 +225,14 @@ def async_setup_services(hass: HomeAssistant) -> None:
     hass.services.async_register(
         DOMAIN,
         SERVICE_GENERATE,
-        _async_generate,
+        _one_error(_async_generate),
         schema=GENERATE_SCHEMA,
         supports_response=SupportsResponse.ONLY,
     )
     hass.services.async_register(
         DOMAIN,
         SERVICE_SUMMARIZE,
-        _async_summarize,
+        _one_error(_async_summarize),
         schema=SUMMARIZE_SCHEMA,
         supports_response=SupportsResponse.ONLY,
     )

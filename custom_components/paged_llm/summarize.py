@@ -20,6 +20,7 @@ from .const import (
     SUMMARY_PART_MAX_TOKENS,
     SUMMARY_PROMPT,
 )
+from .errors import one_error
 from .runtime import PagedLLMConfigEntry
 
 # Tokens a chat template adds around one user message (role markers, generation prompt).
@@ -168,7 +169,10 @@ class Summarizer:
     async def _summarize_round(self, pieces: list[str], sampling: Sampling) -> list[Completion]:
         """Summarise every piece of one round, reporting each part as it finishes.
 
-        A task group, so a failed part cancels the others instead of leaving them running.
+        A task group, so a failed part cancels the others (their requests are aborted and
+        their blocks return) instead of leaving them running. Parts that fail together
+        (the engine stopped under them) raise one translated error, the first, never the
+        group: Home Assistant's service layer and REST API translate only single errors.
         """
         done = 0
         self._progress(done, len(pieces))
@@ -181,8 +185,16 @@ class Summarizer:
             self._progress(done, len(pieces))
             return part
 
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(piece)) for piece in pieces]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(piece)) for piece in pieces]
+        except ExceptionGroup as failed:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # The caller was cancelled while parts failed: it must end cancelled, not
+                # with their error (the group keeps the cancellation pending for this).
+                raise asyncio.CancelledError from failed
+            raise one_error(failed) from failed
         return [task.result() for task in tasks]
 
     async def async_summarize(self, text: str) -> str:
