@@ -69,6 +69,7 @@ def chat_request(
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
+    min_p: float | None = None,
     seed: int | None = None,
     stop: Sequence[str] = (),
     priority: int | None = None,
@@ -91,6 +92,8 @@ def chat_request(
         "top_p": top_p,
         # OpenAI itself has no top_k; send it only when it does something.
         "top_k": top_k or None,
+        # vLLM's and llama.cpp's, not OpenAI's: sent only when it filters.
+        "min_p": min_p or None,
         "seed": seed,
         "stop": list(stop) or None,
         "priority": priority,

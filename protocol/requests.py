@@ -34,6 +34,7 @@ class GenerationRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0  # vLLM's and llama.cpp's extension; 0 is off
     stop: tuple[str, ...] = ()
     seed: int | None = None
     stream: bool = False
@@ -148,6 +149,7 @@ def _common(body: dict[str, Any], request: GenerationRequest) -> None:
         raise bad_field("top_p", "must be greater than 0")
     top_k = _integer(body, "top_k", -1)
     request.top_k = 0 if top_k is None or top_k == -1 else top_k  # vLLM: -1 means off
+    request.min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
     request.stop = _stop(body.get("stop"))
     request.seed = _integer(body, "seed")
     n = _integer(body, "n", 1)

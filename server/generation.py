@@ -83,6 +83,7 @@ def sampling_params(
             temperature=request.temperature,
             top_p=request.top_p,
             top_k=request.top_k,
+            min_p=request.min_p,
             seed=request.seed,
             stop=request.stop,
             ignore_eos=request.ignore_eos,

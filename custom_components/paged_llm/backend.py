@@ -19,6 +19,7 @@ class Sampling:
     temperature: float
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     # OpenAI's response_format, for backends that enforce one.
     response_format: dict[str, Any] | None = None

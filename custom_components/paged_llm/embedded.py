@@ -237,6 +237,7 @@ class EmbeddedBackend:
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
+                min_p=sampling.min_p,
                 seed=sampling.seed,
                 stop=() if templated else PLAIN_STOP,
                 repetition_penalty=sampling.repetition_penalty,

@@ -202,6 +202,7 @@ class RemoteBackend:
             temperature=sampling.temperature,
             top_p=sampling.top_p if sampling.top_p < 1 else None,
             top_k=sampling.top_k,
+            min_p=sampling.min_p,
             seed=sampling.seed,
             priority=to_vllm(priority),
             tools=tools,

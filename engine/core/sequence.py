@@ -62,6 +62,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    # Keep tokens at least min_p times as likely as the top one; 0 is off (sample/min_p.py).
+    min_p: float = 0.0
     max_tokens: int = 256
     seed: int | None = None
     stop: tuple[str, ...] = ()
@@ -91,6 +93,10 @@ class SamplingParams:
             raise InvalidSamplingParams(f"top_p must be in (0, 1], got {self.top_p}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidSamplingParams(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if isinstance(self.min_p, bool) or not isinstance(self.min_p, int | float):
+            raise InvalidSamplingParams(f"min_p must be a number, got {self.min_p!r}")
+        if not 0 <= self.min_p <= 1:  # NaN fails this too
+            raise InvalidSamplingParams(f"min_p must be in [0, 1], got {self.min_p}")
         if (
             isinstance(self.max_tokens, bool)
             or not isinstance(self.max_tokens, int)

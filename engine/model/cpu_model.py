@@ -141,11 +141,6 @@ def gguf_path(model: str) -> Path:
     return path
 
 
-# Architectures the config maps but whose tokens this runner has not yet been shown to
-# share with the torch path: refused, so a file never runs here with other answers.
-UNCHECKED = {"gemma3_text": "Gemma 3's interleaved local and global attention"}
-
-
 def _refusal(path: Path, what: str) -> ModelLoadError:
     """The error for a file this path cannot run, naming what and the path that can."""
     return ModelLoadError(
@@ -305,9 +300,6 @@ def load_cpu_model(config: EngineConfig, progress: Progress | None = None) -> Lo
     except OSError as err:
         raise ModelLoadError(f"{path}: {err}") from err
     model_config = config_of(reader.values(), [t.name for t in reader.tensors])
-    if model_config.model_type in UNCHECKED:
-        # Not yet shown to give the torch path's tokens here (tests/engine/test_cpu_runner.py)
-        raise _refusal(path, UNCHECKED[model_config.model_type])
     weights = read_weights(path, model_config, _part(progress, 0.1))
     vocab = read_vocabulary(path)
     tokenizer = GGUFTokenizer(vocab, path)

@@ -1,4 +1,4 @@
-"""Batched token sampling on numpy: greedy, temperature, top-k, top-p and per-request seeds.
+"""Batched token sampling on numpy: greedy, temperature, top-k, top-p, min-p and seeds.
 
 The torch-free twin of :mod:`paged_llm.engine.sample.sampler`, for the CPU path that serves
 GGUF files without torch. Same public methods, parameters and definitions:
@@ -10,6 +10,9 @@ GGUF files without torch. Same public methods, parameters and definitions:
   mass before them (the softmax over the top k, the whole row when top-k is off) is below p,
   p taken as float32 as the torch sampler does; the kept set is every token at or above the
   lowest kept logit, so ties at the edge are kept whole;
+- min-p keeps the tokens at or above the row's largest scaled logit plus ``margin(min_p)``
+  (:mod:`paged_llm.engine.sample.min_p`), added in float32 as the torch sampler adds it,
+  after top-k and top-p (transformers' order): the kept set is the three sets' intersection;
 - the draw is one uniform number per sampled row against the kept tokens' cumulative
   weights in vocabulary order, never landing on a zero-weight token;
 - a row whose weights are undefined (a NaN or +inf scaled logit, or every token -inf) gives
@@ -36,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from paged_llm.engine.core.sequence import Sequence
+from paged_llm.engine.sample.min_p import margin
 
 Floats = npt.NDArray[np.float32]
 
@@ -146,16 +150,17 @@ class NumpySampler:
         return scaled
 
     def _kept(self, logits: npt.NDArray[np.floating[Any]], seq: Sequence) -> npt.NDArray[np.bool_]:
-        """Which tokens of a sampled row top-k and top-p keep (for tests: the sampler's set)."""
+        """Which tokens of a sampled row top-k, top-p and min-p keep (for tests: the sampler's)."""
         scaled = self._scale(logits, seq.params.temperature)
         top = scaled.max()
         k, p = _limits(seq, scaled.shape[0])
+        cut = _min_p_cut(seq, top)
         if k == scaled.shape[0] and p >= 1.0:
-            return np.ones(scaled.shape[0], np.bool_)
-        return scaled >= self._floor(scaled, top, k, p)[0]
+            return scaled >= cut
+        return scaled >= max(self._floor(scaled, top, k, p)[0], cut)
 
     def _sample_row(self, logits: npt.NDArray[np.floating[Any]], seq: Sequence) -> int:
-        """Sample one row: temperature, then top-k / top-p, then the inverse-CDF draw."""
+        """Sample one row: temperature, then top-k / top-p / min-p, then the inverse-CDF draw."""
         vocab = int(logits.shape[0])
         scaled = self._scale(logits, seq.params.temperature)
         # One draw per sampled row, undefined rows included, as the torch sampler draws: a
@@ -165,10 +170,15 @@ class NumpySampler:
         if not np.isfinite(top):
             return vocab - 1
         k, p = _limits(seq, vocab)
+        cut = _min_p_cut(seq, top)
         if k == vocab and p >= 1.0:
-            _exp_into(scaled, top, self._weights[:vocab])
-            return _draw(self._weights, uniform)
-        floor, weighed = self._floor(scaled, top, k, p)
+            if cut == -np.inf:
+                _exp_into(scaled, top, self._weights[:vocab])
+                return _draw(self._weights, uniform)
+            floor, weighed = cut, False
+        else:
+            floor, weighed = self._floor(scaled, top, k, p)
+            floor = max(floor, cut)
         mask = np.greater_equal(scaled, floor, out=self._mask)
         if np.count_nonzero(mask) <= _FEW:
             return _draw_among(scaled, np.flatnonzero(mask), top, uniform)
@@ -241,6 +251,15 @@ def _limits(seq: Sequence, vocab: int) -> tuple[int, float]:
     """
     top_k = seq.params.top_k
     return (top_k if 0 < top_k < vocab else vocab), float(np.float32(seq.params.top_p))
+
+
+def _min_p_cut(seq: Sequence, top: np.float32) -> np.float32:
+    """Min-p's floor: the row's largest scaled logit plus the margin, in float32; -inf when off."""
+    offset = np.float32(margin(seq.params.min_p))
+    if offset == -np.inf:
+        return offset
+    cut: np.float32 = top + offset
+    return cut
 
 
 def _edge(ranked: Floats, cumulative: npt.NDArray[np.float64], target: float) -> np.float32:

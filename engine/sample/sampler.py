@@ -1,10 +1,11 @@
-"""Batched token sampling in torch: greedy, temperature, top-k, top-p and per-request seeds."""
+"""Batched token sampling in torch: greedy, temperature, top-k, top-p, min-p and seeds."""
 
 from __future__ import annotations
 
 import torch
 
 from paged_llm.engine.core.sequence import Sequence
+from paged_llm.engine.sample.min_p import margin
 
 # Top-k up to this size is served by torch.topk; larger k or top-p alone needs a full sort.
 _TOPK_FAST_LIMIT = 1024
@@ -73,7 +74,10 @@ class Sampler:
         return results
 
     def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Sample the non-greedy rows: temperature, then top-k / top-p, then inverse CDF.
+        """Sample the non-greedy rows: temperature, then top-k / top-p / min-p, then inverse CDF.
+
+        Min-p cuts at the row's largest scaled logit plus its margin (sample/min_p.py),
+        after top-k / top-p as transformers orders them: the kept set is all three's.
 
         Batch invariance: every row's result depends only on its own logits, parameters
         and generator. Rows are filtered in groups of equal candidate width, and the draw
@@ -85,27 +89,8 @@ class Sampler:
         # Few copies of the rows and in place where possible: at 32 rows of a 151,936-token
         # vocabulary each is 19 MB.
         logits = logits / temps.unsqueeze(1)
-        vocab = logits.shape[-1]
-        top_ks = [s.params.top_k if 0 < s.params.top_k < vocab else vocab for s in seqs]
-        top_ps = [s.params.top_p for s in seqs]
-        groups: dict[int, list[int]] = {}
-        for row, (k, p) in enumerate(zip(top_ks, top_ps, strict=True)):
-            if k < vocab or p < 1.0:
-                # The top k when k is small (torch.topk), else the whole sorted row.
-                groups.setdefault(k if k <= _TOPK_FAST_LIMIT else vocab, []).append(row)
-        dropped = None
-        if groups:
-            floor = torch.full((len(seqs), 1), float("-inf"), device=dev)
-            for width, rows in groups.items():
-                index = torch.tensor(rows, device=dev)
-                sub = logits if len(rows) == len(seqs) else logits.index_select(0, index)
-                ks, ps = [top_ks[r] for r in rows], [top_ps[r] for r in rows]
-                if width < vocab:
-                    kept = _kept_floor(sub.topk(width, dim=-1).values, ks, ps)
-                else:
-                    kept = _whole_row_floor(sub, ks, ps)
-                floor[index, 0] = kept
-            dropped = logits < floor
+        floor = _floors(logits, seqs)
+        dropped = None if floor is None else logits < floor
         # softmax, not an elementwise exp: it treats every row alike whatever the batch (an
         # elementwise op's vector remainder falls where the rows and threads put it). The
         # dropped tokens are zeroed after it, as exp is slow on -inf, and the draw below is
@@ -122,7 +107,45 @@ class Sampler:
         # right=True: the first token whose cumulative mass exceeds the target, never a
         # zero-probability token even for a draw of exactly 0.
         picked = torch.searchsorted(cdf, target, right=True)
-        return picked.clamp_(max=vocab - 1).squeeze(1)
+        return picked.clamp_(max=logits.shape[-1] - 1).squeeze(1)
+
+
+def _floors(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor | None:
+    """Each row's lowest kept scaled logit under top-k, top-p and min-p (``[rows, 1]``).
+
+    None when no row filters. Every token at or above its row's floor is kept.
+    """
+    dev = logits.device
+    vocab = logits.shape[-1]
+    top_ks = [s.params.top_k if 0 < s.params.top_k < vocab else vocab for s in seqs]
+    top_ps = [s.params.top_p for s in seqs]
+    groups: dict[int, list[int]] = {}
+    for row, (k, p) in enumerate(zip(top_ks, top_ps, strict=True)):
+        if k < vocab or p < 1.0:
+            # The top k when k is small (torch.topk), else the whole sorted row.
+            groups.setdefault(k if k <= _TOPK_FAST_LIMIT else vocab, []).append(row)
+    floor = None
+    if groups:
+        floor = torch.full((len(seqs), 1), float("-inf"), device=dev)
+        for width, rows in groups.items():
+            index = torch.tensor(rows, device=dev)
+            sub = logits if len(rows) == len(seqs) else logits.index_select(0, index)
+            ks, ps = [top_ks[r] for r in rows], [top_ps[r] for r in rows]
+            if width < vocab:
+                kept = _kept_floor(sub.topk(width, dim=-1).values, ks, ps)
+            else:
+                kept = _whole_row_floor(sub, ks, ps)
+            floor[index, 0] = kept
+    margins = [margin(s.params.min_p) for s in seqs]
+    if any(m > float("-inf") for m in margins):
+        # Min-p's floor is the row's largest scaled logit plus its margin, in float32 as
+        # the numpy sampler adds it; the kept set is the intersection, so the higher floor.
+        # Rows without min-p get -inf, not top + -inf (NaN where the top is +inf).
+        offsets = torch.tensor(margins, device=dev, dtype=logits.dtype).unsqueeze(1)
+        top = logits.amax(dim=-1, keepdim=True)
+        cut = torch.where(offsets > float("-inf"), top + offsets, offsets)
+        floor = cut if floor is None else torch.maximum(floor, cut)
+    return floor
 
 
 def _kept_floor(ranked: torch.Tensor, top_ks: list[int], top_ps: list[float]) -> torch.Tensor:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from paged_llm.defaults import DEFAULT_MODEL
@@ -28,6 +29,8 @@ from paged_llm.engine.model.gguf_metadata import MetadataReader
 from paged_llm.engine.model.loaded import NUMPY
 from paged_llm.engine.model.runner import ModelRunner
 from paged_llm.engine.model.selector import load_model, runner_for
+from paged_llm.engine.sample.numpy_sampler import NumpySampler
+from paged_llm.engine.sample.sampler import Sampler
 from paged_llm.kernels.cpu import forward as cpu_forward
 from tests.helpers.gguf_files import QK, write_gguf
 from tests.helpers.support import CACHE, greedy_together
@@ -40,7 +43,12 @@ PROMPTS = [list(range(3, 90)), [5, 17, 300, 41], [9] * 40]
 
 def engine(model: str, runner: str, cache: Path, **settings: object) -> LLMEngine:
     """An engine on ``runner`` for ``model`` on the CPU."""
-    config = EngineConfig(
+    return LLMEngine.from_config(engine_config(model, runner, cache, **settings))
+
+
+def engine_config(model: str, runner: str, cache: Path, **settings: object) -> EngineConfig:
+    """The settings of :func:`engine`."""
+    return EngineConfig(
         model=model,
         device="cpu",
         runner=runner,
@@ -50,7 +58,6 @@ def engine(model: str, runner: str, cache: Path, **settings: object) -> LLMEngin
         max_num_batched_tokens=64,
         **settings,  # type: ignore[arg-type]
     )
-    return LLMEngine.from_config(config)
 
 
 def metadata(hf: Any) -> dict[str, Any]:
@@ -122,9 +129,9 @@ def test_the_bundled_model_gives_the_torch_paths_tokens() -> None:
     assert got == want
 
 
-# gemma3 is left out for now: with metadata() standing in for a real file's, its tokens differ
-# from the first one (layer pattern or rotary bases of the tiny config, or the runner: open).
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2"])
+# Gemma 3 untied: a tied tiny Gemma 3 only repeats each prompt's last token (its embedding
+# dwarfs the random layers' output), which would show little; the tied head is checked below.
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "gemma3"])
 @pytest.mark.parametrize("kind", [QK.Q8_0, QK.Q4_0, QK.Q4_K], ids=lambda k: k.name)
 def test_every_architecture_and_format_gives_the_torch_paths_tokens(
     tmp_path: Path, arch: str, kind: QK
@@ -132,6 +139,43 @@ def test_every_architecture_and_format_gives_the_torch_paths_tokens(
     path = write_gguf(tmp_path / "m", arch, {"*": kind}, tmp_path / "cache", tied=arch == "gemma2")
     got, want = both(str(path), tmp_path / "cache")
     assert got == want
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_gemma3_gives_the_torch_paths_logits_and_transformers_tokens(
+    tmp_path: Path, tied: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemma 3: five sliding layers on their own rotary base, then a full one; q/k norms,
+    norms stored as 1 + w, a scaled embedding. The numpy runner's logits are the torch
+    path's at every step (bit for bit when measured), its tokens transformers' own model's.
+
+    The numpy runner reads the file's metadata, which cannot say Gemma 3's layer pattern or
+    query scalar; the tiny model is given those a file implies (gguf_files.gguf_config).
+    """
+    seen: dict[str, list[np.ndarray]] = {"numpy": [], "torch": []}
+    for name, cls in (("numpy", NumpySampler), ("torch", Sampler)):
+        sample = cls.sample
+
+        def record(self: Any, logits: Any, seqs: Any, _s: Any = sample, _n: str = name) -> Any:
+            """Keep a float32 copy of the step's logits, then sample as ever."""
+            copy = logits.float().numpy() if _n == "torch" else logits
+            seen[_n].append(np.array(copy, np.float32))
+            return _s(self, logits, seqs)
+
+        monkeypatch.setattr(cls, "sample", record)
+    path = write_gguf(tmp_path / "m", "gemma3", {"*": QK.Q8_0}, tmp_path / "cache", tied=tied)
+    got, want = both(str(path), tmp_path / "cache")
+    assert got == want
+    assert len({tuple(tokens) for tokens in got}) == len(PROMPTS)
+    assert len(seen["numpy"]) == len(seen["torch"]) > 1
+    for ours, theirs in zip(seen["numpy"], seen["torch"], strict=True):
+        assert np.abs(ours - theirs).max() <= 1e-5 * (theirs.max() - theirs.min())
+    # transformers' model of the file through its own forward, not the C one
+    settings = engine_config(str(path), "torch", tmp_path / "cache")
+    oracle = LLMEngine(load_model(settings, native_model=False), settings)
+    assert isinstance(oracle.runner, ModelRunner)
+    oracle.runner.native = None  # as tests/engine/test_native_forward.py sets it
+    assert greedy_together(oracle, PROMPTS, 12) == want
 
 
 def test_seeded_sampling_is_reproducible_run_to_run() -> None:
@@ -232,13 +276,3 @@ def test_what_the_numpy_runner_cannot_run_is_refused_by_name(tmp_path: Path) -> 
     cuda = EngineConfig(model=str(path), device="cuda", runner="numpy", cache_dir=tmp_path / "c")
     with pytest.raises(ModelLoadError, match=r"not cuda.*paged-llm\[engine\]"):
         load_model(cuda)
-
-
-def test_gemma3_is_refused_until_it_gives_the_torch_paths_tokens(tmp_path: Path) -> None:
-    """Gemma 3 is mapped but not yet shown exact here: refused by name, the torch path named."""
-    from tests.engine.test_gguf_config import _GEMMA3, write_metadata_gguf
-
-    path = write_metadata_gguf(tmp_path / "gemma3.gguf", "gemma3", _GEMMA3)
-    config = EngineConfig(model=str(path), device="cpu", runner="numpy", cache_dir=tmp_path / "c")
-    with pytest.raises(ModelLoadError, match=r"Gemma 3.*paged-llm\[engine\]"):
-        load_model(config)

@@ -33,6 +33,14 @@ def gguf_config(arch: str = "llama") -> Any:
     config.hidden_size, config.intermediate_size = 256, 512
     config.num_attention_heads, config.num_key_value_heads = 4, 2
     config.head_dim = 64
+    if arch == "gemma3":
+        # What a Gemma 3 GGUF file implies, as it has no keys for these (transformers and
+        # llama.cpp take Gemma3TextConfig's defaults): a full layer after every five sliding
+        # ones and queries scaled by 256 ** -0.5. The tiny config's own (alternating layers,
+        # a scalar of 16) could not be read back from the file by the torch-free path.
+        config.num_hidden_layers = 6
+        config.layer_types = ["sliding_attention"] * 5 + ["full_attention"]
+        config.query_pre_attn_scalar = 256
     return config
 
 

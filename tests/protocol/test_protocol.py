@@ -68,6 +68,7 @@ def test_chat_request_fields() -> None:
             "max_tokens": 99,
             "stop": "END",
             "top_k": -1,
+            "min_p": 0.05,
             "priority": 2,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -88,6 +89,7 @@ def test_chat_request_fields() -> None:
     assert request.max_tokens == 9
     assert request.stop == ("END",)
     assert request.top_k == 0
+    assert request.min_p == 0.05
     assert request.priority is Priority.BACKGROUND
     assert request.include_usage
     assert request.tool_names == {"lights"}
@@ -108,6 +110,9 @@ def test_chat_request_fields() -> None:
         ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
         ({"messages": USER, "logprobs": True}, "logprobs"),
         ({"messages": USER, "presence_penalty": 5}, "presence_penalty"),
+        ({"messages": USER, "min_p": 1.5}, "min_p"),
+        ({"messages": USER, "min_p": -0.1}, "min_p"),
+        ({"messages": USER, "min_p": "0.1"}, "min_p"),
         ({"messages": USER, "chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
         ({"messages": USER, "tool_grammar": [{"type": "function", "function": {"name": "x"}}]},
          "tool_grammar"),

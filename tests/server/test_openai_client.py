@@ -115,12 +115,21 @@ def test_priority_by_name_or_vllm_integer(client: openai.OpenAI, priority: objec
     assert reply.usage.completion_tokens == 2
 
 
+def test_min_p_is_accepted_as_vllm_accepts_it(client: openai.OpenAI) -> None:
+    """min_p (vLLM's and llama.cpp's extra field) samples; at 1 it keeps only the top token."""
+    reply = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=8, seed=3, extra_body={"min_p": 1.0}
+    )
+    assert reply.choices[0].message.content == _greedy(client, 8)
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
         ({"temperature": 3.0}, "temperature"),
         ({"n": 2}, "n"),
         ({"top_p": 0}, "top_p"),
+        ({"extra_body": {"min_p": 1.5}}, "min_p"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"stop": 5}, "stop"),
         ({"extra_body": {"priority": "urgent"}}, "priority"),
