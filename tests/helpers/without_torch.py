@@ -1,9 +1,7 @@
 """Code run in a fresh Python where torch and its kin cannot be imported.
 
-``paged_llm.engine``'s own ``__init__`` still checks for the torch extra, so the engine's
-packages are stood in for by bare package objects (their ``__path__`` only): what
-importing them would give without that check. The modules under test then import as
-they would in a process that never had torch.
+A finder put first on ``sys.meta_path`` refuses them, so the modules under test import as
+they would in a process that never had torch, and the script fails if any came in anyway.
 """
 
 from __future__ import annotations
@@ -16,11 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # What the CPU path must never import.
 BLOCKED = ("torch", "transformers", "triton", "xgrammar", "accelerate")
-# The engine's packages whose __init__ would import torch: stood in for.
-STUBS = ("engine", "engine/model")
 
 _PRELUDE = """\
-import importlib.abc, sys, types
+import importlib.abc, sys
 
 BLOCKED = {blocked!r}
 
@@ -33,10 +29,6 @@ class Block(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, Block())
-for folder in {stubs!r}:
-    package = types.ModuleType("paged_llm." + folder.replace("/", "."))
-    package.__path__ = [{root!r} + "/" + folder]
-    sys.modules[package.__name__] = package
 """
 _LEAK_CHECK = """
 leaked = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED)
@@ -48,7 +40,7 @@ def run_without_torch(
     code: str, blocked: tuple[str, ...] = BLOCKED, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` with ``blocked`` unimportable; it fails if any of them came in anyway."""
-    prelude = _PRELUDE.format(blocked=blocked, stubs=STUBS, root=str(ROOT))
+    prelude = _PRELUDE.format(blocked=blocked)
     script = prelude + textwrap.dedent(code) + _LEAK_CHECK
     return subprocess.run(
         [sys.executable, "-c", script],
