@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from paged_llm.defaults import BUNDLED_PREFIX, bundled_gguf
+from paged_llm.defaults import BUNDLED_PREFIX
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model import gguf_file
@@ -127,14 +127,13 @@ class CpuModel:
         )
 
 
-def gguf_path(model: str) -> Path:
-    """The GGUF file a model setting names; ModelLoadError when it is not there."""
+def gguf_path(model: str, cache_dir: Path | None = None) -> Path:
+    """The GGUF file a model setting names, a bundled one fetched if need be; ModelLoadError."""
+    from paged_llm.engine.model.selector import bundled_file
+
     source = model.strip() or DEFAULT_MODEL
     if source.startswith(BUNDLED_PREFIX):
-        try:
-            return bundled_gguf(source.removeprefix(BUNDLED_PREFIX))
-        except LookupError as err:
-            raise ModelLoadError(str(err)) from None
+        return bundled_file(source.removeprefix(BUNDLED_PREFIX), cache_dir)
     path = Path(source).expanduser()
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {source} does not exist")
@@ -277,7 +276,7 @@ def load_cpu_model(config: EngineConfig, progress: Progress | None = None) -> Lo
     from paged_llm.engine.tokenizer.chat_template import ChatTemplate
     from paged_llm.engine.tokenizer.gguf_tokenizer import GGUFTokenizer, read_vocabulary
 
-    path = gguf_path(config.model)
+    path = gguf_path(config.model, config.cache_dir)
     if config.device not in ("auto", "cpu"):
         raise ModelLoadError(
             f"the CPU runner without torch runs on the CPU, not {config.device}; "
