@@ -29,6 +29,7 @@ from paged_llm.defaults import BUNDLED_PREFIX
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model import gguf_file
+from paged_llm.engine.model.bundled import bundled_file
 from paged_llm.engine.model.gguf_config import GGUFConfig, config_of
 from paged_llm.engine.model.gguf_metadata import MetadataReader, Unreadable
 from paged_llm.engine.model.loaded import NUMPY, LoadedModel
@@ -129,8 +130,6 @@ class CpuModel:
 
 def gguf_path(model: str, cache_dir: Path | None = None) -> Path:
     """The GGUF file a model setting names, a bundled one fetched if need be; ModelLoadError."""
-    from paged_llm.engine.model.selector import bundled_file
-
     source = model.strip() or DEFAULT_MODEL
     if source.startswith(BUNDLED_PREFIX):
         return bundled_file(source.removeprefix(BUNDLED_PREFIX), cache_dir)

