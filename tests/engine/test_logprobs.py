@@ -7,6 +7,7 @@ model distribution's (log_softmax of the logits, before sampling settings).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -232,3 +233,33 @@ def _step(engine: Any) -> Any:
 def test_bad_values_name_the_field(field: str, value: object) -> None:
     with pytest.raises(InvalidSamplingParams, match=f"^{field} "):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_numpy_runner_logprobs_are_transformers(tmp_path: Path) -> None:
+    """The numpy runner over a tiny float32 GGUF file, against transformers' model of it."""
+    from paged_llm.engine.model.cpu_runner import CpuRunner
+    from paged_llm.engine.model.selector import load_model
+    from paged_llm.kernels.cpu import forward as cpu_forward
+    from tests.engine.test_cpu_runner import engine, engine_config, numpy_engine
+    from tests.helpers.gguf_files import QK, write_gguf
+
+    if cpu_forward.unavailable() is not None:
+        pytest.skip(f"no C forward: {cpu_forward.unavailable()}")
+    path = write_gguf(tmp_path / "m", "llama", {"*": QK.F32}, tmp_path / "cache")
+    # A float32 pool: the default float16 one rounds K/V beyond the tolerance.
+    exact = {"kv_cache_dtype": "float32"}
+    ours = numpy_engine(path, engine(str(path), "torch", tmp_path / "cache", **exact))
+    assert isinstance(ours.runner, CpuRunner)
+    settings = engine_config(str(path), "torch", tmp_path / "cache")
+    model = load_model(settings, native_model=False).model
+    prompt = PROMPT * 5  # 95 tokens: chunks of the 64-token step budget
+    params = SamplingParams(
+        temperature=0, max_tokens=5, ignore_eos=True, logprobs=3, prompt_logprobs=2
+    )
+    others = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    got = run(ours, {"a": (prompt, params), "b": ([9] * 40, others)})
+    check_generated(model, prompt, got["a"], 3)
+    for rec in got["a"]["logprobs"]:
+        assert rec.top[0][0] == rec.token_id
+    check_prompt(model, prompt, got["a"]["prompt"], 0, 2)
+    assert all(out.logprobs is None for out in got["b"]["outs"])
