@@ -165,3 +165,31 @@ def test_bad_logprob_values_are_a_400_naming_the_field(
     assert isinstance(error, dict)
     assert error["param"] == param
     assert param in error["message"]
+
+
+async def test_the_integrations_client_parses_streamed_logprobs(
+    server: ServerProcess, client: openai.OpenAI
+) -> None:
+    """client/openai.py asks with chat_request and gets each token's logprobs back."""
+    import aiohttp
+
+    from paged_llm.client.openai import OpenAIClient, chat_request
+
+    body = chat_request(MODEL, HELLO, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
+    assert (body["logprobs"], body["top_logprobs"]) == (True, 2)
+    assert "logprobs" not in chat_request(MODEL, HELLO)
+    async with aiohttp.ClientSession() as session:
+        ours = OpenAIClient(session, server.url, api_key=API_KEY)
+        chunks = [chunk async for chunk in ours.stream_chat(body)]
+    got = [rec for chunk in chunks for rec in chunk.logprobs]
+    assert len(got) == 5
+    reply = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2
+    )
+    want = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert want is not None
+    for rec, entry in zip(got, want, strict=True):
+        assert rec.token == entry.token
+        assert abs(rec.logprob - entry.logprob) <= 1e-5
+        assert rec.bytes == tuple(entry.bytes or ())
+        assert [t for t, _ in rec.top] == [t.token for t in entry.top_logprobs]
