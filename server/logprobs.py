@@ -1,9 +1,9 @@
 """The engine's log probabilities in OpenAI's shapes: chat's content list, the legacy lists.
 
 Token texts are each token decoded alone (cached per request); ``bytes`` are that text's
-UTF-8 bytes, so a token holding part of a multi-byte character shows U+FFFD, not its raw
-bytes. Log probabilities of -inf (a token the model rules out) become -9999.0, as vLLM
-writes them: JSON has no infinity.
+UTF-8 bytes, as vLLM writes them, so a token holding part of a multi-byte character shows
+U+FFFD, not its raw bytes. Log probabilities of -inf (a token the model rules out) become
+-9999.0, as vLLM writes them: JSON has no infinity.
 """
 
 from __future__ import annotations
@@ -94,12 +94,15 @@ def echoed_logprobs(
     prompt: list[TokenLogprob | None],
     records: list[TokenLogprob],
     texts: TokenTexts,
+    echo_chars: int,
 ) -> dict[str, Any]:
-    """The legacy object with echo: the prompt's tokens (the first unscored), then the rest."""
+    """The legacy object with echo: the prompt's tokens (the first unscored), then the rest.
+
+    The generated tokens' offsets start at ``echo_chars``, the echoed prompt text's length.
+    """
     head = completion_logprobs([r for r in prompt if r is not None], texts)
     unscored = [texts(t) for t, r in zip(prompt_ids, prompt, strict=True) if r is None]
-    tail_offset = sum(len(texts(t)) for t in prompt_ids)
-    tail = completion_logprobs(list(records), texts, tail_offset)
+    tail = completion_logprobs(list(records), texts, echo_chars)
     # Unscored prompt tokens (the first one) lead, with null values as OpenAI writes them.
     starts = []
     at = 0

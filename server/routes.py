@@ -268,7 +268,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         event = text_completion(response_id, model, created, text, None)
         if body.logprobs is not None:
             if first and out.prompt_logprobs is not None:
-                value = lp.echoed_logprobs(ids, out.prompt_logprobs, out.logprobs or [], texts)
+                value = lp.echoed_logprobs(
+                    ids, out.prompt_logprobs, out.logprobs or [], texts, len(echo)
+                )
             else:
                 value = lp.completion_logprobs(list(out.logprobs or []), texts, sent[0])
             event["choices"][0]["logprobs"] = value
@@ -284,7 +286,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         answer = text_completion(response_id, model, created, echo + result.text, reason, usage)
         if body.logprobs is not None:
             if body.echo and result.prompt_logprobs is not None:
-                value = lp.echoed_logprobs(ids, result.prompt_logprobs, result.logprobs, texts)
+                value = lp.echoed_logprobs(
+                    ids, result.prompt_logprobs, result.logprobs, texts, len(echo)
+                )
             else:
                 value = lp.completion_logprobs(list(result.logprobs), texts)
             answer["choices"][0]["logprobs"] = value
