@@ -116,6 +116,21 @@ def test_completion_echo_scores_the_prompt(client: openai.OpenAI) -> None:
     assert len(logprobs.tokens) == reply.usage.prompt_tokens + 2
     assert logprobs.token_logprobs[0] is None  # the first token has no context
     assert all(v is not None for v in logprobs.token_logprobs[1:])
+    # Streamed: the echo and the prompt's logprobs come with the first chunk, the same lists.
+    text, tokens, offsets = "", [], []
+    for chunk in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=2, temperature=0, logprobs=1, echo=True,
+        stream=True,
+    ):  # fmt: skip
+        if chunk.choices:
+            text += chunk.choices[0].text
+            part = chunk.choices[0].logprobs
+            if part is not None:
+                tokens += part.tokens or []
+                offsets += part.text_offset or []
+    assert text == choice.text
+    assert tokens == logprobs.tokens
+    assert offsets == logprobs.text_offset
 
 
 def test_prompt_logprobs_extra(client: openai.OpenAI) -> None:
