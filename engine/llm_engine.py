@@ -293,10 +293,12 @@ class LLMEngine:
         if seq.is_finished:
             text += detok.flush()
             self._forget(seq)
-        out = self._output(seq, text, [seq.token_ids[-1]])
-        if logprob is not None:
+        generated = seq.num_output_tokens
+        # A scoring request (max_tokens 0) ends with no token: its sampled one is dropped.
+        out = self._output(seq, text, [seq.token_ids[-1]] if generated else [])
+        if logprob is not None and generated:
             out.logprobs = [logprob]
-        if seq.params.prompt_logprobs is not None and seq.num_output_tokens == 1:
+        if seq.params.prompt_logprobs is not None and generated <= 1:
             out.prompt_logprobs = [None] * seq.first_scored + list(seq.scored_prompt)
         return out
 

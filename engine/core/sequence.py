@@ -106,13 +106,16 @@ class SamplingParams:
             raise InvalidSamplingParams(f"min_p must be a number, got {self.min_p!r}")
         if not 0 <= self.min_p <= 1:  # NaN fails this too
             raise InvalidSamplingParams(f"min_p must be in [0, 1], got {self.min_p}")
+        # 0 scores a prompt without generating: only with prompt_logprobs.
+        least = 0 if self.prompt_logprobs is not None else 1
         if (
             isinstance(self.max_tokens, bool)
             or not isinstance(self.max_tokens, int)
-            or self.max_tokens < 1
+            or self.max_tokens < least
         ):
             raise InvalidSamplingParams(
-                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}"
+                f"max_tokens must be an integer >= 1 (0 only with prompt_logprobs), "
+                f"got {self.max_tokens!r}"
             )
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

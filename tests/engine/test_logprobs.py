@@ -263,3 +263,20 @@ def test_numpy_runner_logprobs_are_transformers(tmp_path: Path) -> None:
         assert rec.top[0][0] == rec.token_id
     check_prompt(model, prompt, got["a"]["prompt"], 0, 2)
     assert all(out.logprobs is None for out in got["b"]["outs"])
+
+
+def test_max_tokens_zero_scores_without_generating(tiny: Any) -> None:
+    """max_tokens=0 (with prompt_logprobs only): one output, no token, the prompt's values."""
+    engine = tiny(max_num_batched_tokens=8)
+    params = SamplingParams(max_tokens=0, prompt_logprobs=1, logprobs=2, prompt_logprobs_from=-4)
+    got = run(engine, {"a": (PROMPT, params)})["a"]
+    assert got["tokens"] == []
+    assert got["logprobs"] == []
+    [out] = got["outs"]
+    assert out.finished
+    assert out.completion_tokens == 0
+    assert out.text == ""
+    check_prompt(engine.loaded.model, PROMPT, got["prompt"], len(PROMPT) - 4, 1)
+    assert engine.kv_manager.num_used_blocks == 0
+    with pytest.raises(InvalidSamplingParams, match=r"^max_tokens "):
+        SamplingParams(max_tokens=0)
