@@ -50,6 +50,18 @@ class Usage:
     cached_tokens: int = 0
 
 
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """A generated token's log probability and its top alternatives, as OpenAI's chat sends."""
+
+    token: str
+    logprob: float
+    # The token's UTF-8 bytes where the server sent them (OpenAI's ``bytes``), else None.
+    bytes: tuple[int, ...] | None = None
+    # (token, log probability) pairs, most likely first.
+    top: tuple[tuple[str, float], ...] = ()
+
+
 @dataclass(slots=True)
 class ChatChunk:
     """One piece of a streamed answer: text, reasoning, and at the end the totals."""
@@ -59,6 +71,33 @@ class ChatChunk:
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
+    # This piece's tokens' log probabilities, when the request asked (chat_request logprobs).
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+def parse_logprobs(value: Any) -> list[TokenLogprob]:
+    """The tokens of a chat choice's ``logprobs`` object (``{"content": [...]}``), if any."""
+    if not isinstance(value, Mapping):
+        return []
+    out = []
+    for entry in value.get("content") or ():
+        if not isinstance(entry, Mapping):
+            continue
+        raw = entry.get("bytes")
+        top = tuple(
+            (str(alt.get("token", "")), float(alt.get("logprob", 0.0)))
+            for alt in entry.get("top_logprobs") or ()
+            if isinstance(alt, Mapping)
+        )
+        out.append(
+            TokenLogprob(
+                token=str(entry.get("token", "")),
+                logprob=float(entry.get("logprob", 0.0)),
+                bytes=tuple(int(b) for b in raw) if isinstance(raw, list) else None,
+                top=top,
+            )
+        )
+    return out
 
 
 def chat_request(
@@ -81,8 +120,14 @@ def chat_request(
     repetition_penalty: float | None = None,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
+    logprobs: bool = False,
+    top_logprobs: int | None = None,
 ) -> dict[str, Any]:
-    """The body of a chat completion request; fields left at None are not sent."""
+    """The body of a chat completion request; fields left at None are not sent.
+
+    ``logprobs`` asks for each token's log probability, ``top_logprobs`` (0..20) for that
+    many alternatives too (OpenAI's fields; this server and vLLM answer both).
+    """
     body: dict[str, Any] = {"model": model, "messages": list(messages), "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -104,6 +149,8 @@ def chat_request(
         "repetition_penalty": repetition_penalty,
         "frequency_penalty": frequency_penalty or None,
         "presence_penalty": presence_penalty or None,
+        "logprobs": True if logprobs or top_logprobs is not None else None,
+        "top_logprobs": top_logprobs,
     }
     body.update({key: value for key, value in optional.items() if value is not None})
     if tools:
@@ -384,8 +431,13 @@ class OpenAIClient:
                             tools.feed(fragments)
                         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
                         content = delta.get("content")
-                        if content or reasoning:
-                            yield ChatChunk(content=content or "", reasoning=reasoning or "")
+                        logprobs = parse_logprobs(choice.get("logprobs"))
+                        if content or reasoning or logprobs:
+                            yield ChatChunk(
+                                content=content or "",
+                                reasoning=reasoning or "",
+                                logprobs=logprobs,
+                            )
                         finish_reason = choice.get("finish_reason") or finish_reason
         except (aiohttp.ClientError, TimeoutError) as err:
             raise unreachable(self.root, err) from err

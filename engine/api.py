@@ -19,7 +19,7 @@ from paged_llm.engine.errors import (
 )
 from paged_llm.engine.metrics import MetricsSnapshot
 from paged_llm.engine.model.selector import runner_for
-from paged_llm.engine.outputs import RequestOutput, RequestTiming
+from paged_llm.engine.outputs import RequestOutput, RequestTiming, TokenLogprob
 from paged_llm.engine.processor import (
     Constraint,
     ErrorInfo,
@@ -44,6 +44,7 @@ __all__ = [
     "RequestRejected",
     "RequestTiming",
     "SamplingParams",
+    "TokenLogprob",
     "error_info",
     "first_compiled",
     "runner_for",

@@ -29,7 +29,7 @@ from paged_llm.engine.model.loaded import (
     kv_bytes_per_block,
 )
 from paged_llm.engine.model.selector import load_model
-from paged_llm.engine.outputs import RequestOutput, RequestTiming, StepTrace
+from paged_llm.engine.outputs import RequestOutput, RequestTiming, StepTrace, TokenLogprob
 from paged_llm.engine.structured.output import StructuredOutput
 from paged_llm.engine.validation import (
     check_arrival_time,
@@ -255,6 +255,10 @@ class LLMEngine:
             # A failure of the forward pass itself propagates: the engine cannot go on.
             results = self.runner.execute(output, tables)
         by_id = {chunk.seq.request_id: chunk.seq for chunk in output.chunks}
+        if output.chunks:
+            for request_id, records in self.runner.logprobs.prompt.items():
+                # Kept on the sequence: the next step's packing reads how far it got.
+                by_id[request_id].scored_prompt.extend(records)
         sampled = {rid: t for rid, t in results.items() if not isinstance(t, Exception)}
         prompt_tokens = sum(
             c.num_tokens for c in output.chunks if c.start < c.seq.num_prompt_tokens
@@ -268,14 +272,15 @@ class LLMEngine:
             try:
                 if isinstance(token, Exception):
                     raise token
-                outputs.append(self._finish_step(seq))
+                logprob = self.runner.logprobs.sampled.get(request_id)
+                outputs.append(self._finish_step(seq, logprob))
             except Exception as err:  # this request fails with its error; others go on
                 outputs.append(self._fail(seq, err))
         if self.trace is not None:
             self._record_trace(started, output.num_batched_tokens, len(output.chunks))
         return outputs
 
-    def _finish_step(self, seq: Sequence) -> RequestOutput:
+    def _finish_step(self, seq: Sequence, logprob: TokenLogprob | None = None) -> RequestOutput:
         """Detokenize a request's new token, apply stop strings, and package its output."""
         detok = self._detokenizers[seq.request_id]
         text, stop_hit = detok.add(seq.token_ids, seq.num_prompt_tokens)
@@ -288,7 +293,14 @@ class LLMEngine:
         if seq.is_finished:
             text += detok.flush()
             self._forget(seq)
-        return self._output(seq, text, [seq.token_ids[-1]])
+        generated = seq.num_output_tokens
+        # A scoring request (max_tokens 0) ends with no token: its sampled one is dropped.
+        out = self._output(seq, text, [seq.token_ids[-1]] if generated else [])
+        if logprob is not None and generated:
+            out.logprobs = [logprob]
+        if seq.params.prompt_logprobs is not None and generated <= 1:
+            out.prompt_logprobs = [None] * seq.first_scored + list(seq.scored_prompt)
+        return out
 
     def _fail(self, seq: Sequence, err: Exception) -> RequestOutput:
         """End one request that failed inside a step; its blocks go back, others go on."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paged_llm.engine.core.logprob import TokenLogprob as TokenLogprob  # re-exported
 from paged_llm.engine.core.sequence import FinishReason
 
 
@@ -43,6 +44,11 @@ class RequestOutput:
     timing: RequestTiming | None = None
     # Set when this request failed inside a step (finish_reason ERROR); others went on.
     error: Exception | None = None
+    # One record per token of ``token_ids`` when the request asked (SamplingParams.logprobs).
+    logprobs: list[TokenLogprob] | None = None
+    # With the first output of a request that asked (SamplingParams.prompt_logprobs): one
+    # entry per prompt token, None where unscored (the first, those before prompt_logprobs_from).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(slots=True, frozen=True)

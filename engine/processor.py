@@ -90,6 +90,8 @@ def sampling_params(
     presence_penalty: float = 0.0,
     constraint: Constraint | None = None,
     chat_template: str | None = None,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """SamplingParams for a request's fields (InvalidSamplingParams naming a bad one).
 
@@ -108,6 +110,8 @@ def sampling_params(
         repetition_penalty=repetition_penalty,
         frequency_penalty=frequency_penalty,
         presence_penalty=presence_penalty,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         **structured,
     )
 

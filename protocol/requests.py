@@ -12,6 +12,8 @@ from .priority import DEFAULT_PRIORITY, Priority, parse_priority
 from .tool_calls import template_call_id
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# OpenAI's bound on top_logprobs, and vLLM's default max_logprobs: the engine's too.
+MAX_LOGPROBS = 20
 TOOL_CHOICES = ("none", "auto", "required")
 
 
@@ -44,6 +46,10 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     repetition_penalty: float | None = None  # None: the model's own
     ignore_eos: bool = False
+    # Alternatives per generated token (0: the chosen token's alone); None: no logprobs.
+    logprobs: int | None = None
+    # vLLM's prompt_logprobs: the prompt tokens' logprobs with this many alternatives.
+    prompt_logprobs: int | None = None
 
 
 @dataclass(slots=True)
@@ -89,6 +95,8 @@ class CompletionRequest(GenerationRequest):
     """A ``/v1/completions`` request: a text prompt or token ids."""
 
     prompt: str | list[int] = ""
+    # Legacy echo: the prompt's text (and with logprobs, its tokens' logprobs) goes first.
+    echo: bool = False
 
 
 def _require_object(body: Any) -> dict[str, Any]:
@@ -120,6 +128,33 @@ def _integer(body: dict[str, Any], name: str, low: int | None = None) -> int | N
     if low is not None and value < low:
         raise bad_field(name, f"must be >= {low}, got {value}")
     return value
+
+
+def _logprob_count(body: dict[str, Any], name: str) -> int | None:
+    """A number of alternatives in 0..MAX_LOGPROBS, or None when absent."""
+    value = _integer(body, name, 0)
+    if value is not None and value > MAX_LOGPROBS:
+        raise bad_field(name, f"must be between 0 and {MAX_LOGPROBS}, got {value}")
+    return value
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    """A boolean field, false when absent."""
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_field(name, f"must be true or false, got {value!r}")
+    return value
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    """Chat's ``logprobs`` (true or false) and ``top_logprobs`` (0..20) as one count."""
+    wanted = _flag(body, "logprobs")
+    top = _logprob_count(body, "top_logprobs")
+    if top is not None and not wanted:
+        raise bad_field("top_logprobs", "needs logprobs set to true")
+    return (top or 0) if wanted else None
 
 
 def _stop(value: Any) -> tuple[str, ...]:
@@ -155,9 +190,7 @@ def _common(body: dict[str, Any], request: GenerationRequest) -> None:
     n = _integer(body, "n", 1)
     if n not in (None, 1):
         raise bad_field("n", f"only n=1 is supported, got {n}")
-    for name in ("logprobs", "echo"):
-        if body.get(name):
-            raise bad_field(name, "is not supported by this server")
+    request.prompt_logprobs = _logprob_count(body, "prompt_logprobs")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_field("stream", f"must be true or false, got {stream!r}")
@@ -349,6 +382,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     request.tool_grammar = _tool_grammar(body.get("tool_grammar"), request.tools)
     request.response_format = _response_format(body.get("response_format"))
     request.chat_template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
+    request.logprobs = _chat_logprobs(body)
     return request
 
 
@@ -370,4 +404,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         request.prompt = list(prompt)
     else:
         raise bad_field("prompt", "must be a non-empty string or a list of token ids (one prompt)")
+    # The legacy API's logprobs is a count (OpenAI allows up to 5; vLLM, as here, 20).
+    request.logprobs = _logprob_count(body, "logprobs")
+    request.echo = _flag(body, "echo")
     return request

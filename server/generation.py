@@ -92,9 +92,20 @@ def sampling_params(
             presence_penalty=request.presence_penalty,
             constraint=_constraint(request),
             chat_template=chat_template,
+            logprobs=request.logprobs,
+            prompt_logprobs=_prompt_logprobs(request),
         )
     except InvalidSamplingParams as err:
         raise engine_error(err, 1) from None
+
+
+def _prompt_logprobs(request: GenerationRequest) -> int | None:
+    """Prompt logprobs asked: vLLM's field, or the legacy echo with logprobs (its count)."""
+    if request.prompt_logprobs is not None:
+        return request.prompt_logprobs
+    if isinstance(request, CompletionRequest) and request.echo:
+        return request.logprobs
+    return None
 
 
 async def tokenize(host: EngineHost, request: ChatRequest | CompletionRequest) -> list[int]:

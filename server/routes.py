@@ -31,6 +31,7 @@ from paged_llm.protocol.responses import (
 )
 from paged_llm.protocol.tool_calls import ToolCallStream
 
+from . import logprobs as lp
 from . import sse
 from .app_keys import HOST, METRICS
 from .generation import engine_error, run, sampling_params, tokenize
@@ -38,7 +39,7 @@ from .host import EngineHost, HostState
 from .metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
-    from paged_llm.engine.api import RequestOutput
+    from paged_llm.engine.api import RequestOutput, TokenLogprob
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -118,6 +119,9 @@ class _Generated:
     last: RequestOutput
     text: str
     stream: web.StreamResponse | None
+    # Every token's log probabilities and the prompt's, where the request asked.
+    logprobs: list[TokenLogprob]
+    prompt_logprobs: list[TokenLogprob | None] | None
 
 
 async def _generate(
@@ -126,10 +130,12 @@ async def _generate(
     priority: str,
     streaming: bool,
     delta: Callable[[RequestOutput], str],
-    chunk: Callable[[str], dict[str, Any]],
+    chunk: Callable[[str, RequestOutput], dict[str, Any] | None],
     opening: dict[str, Any] | None = None,
 ) -> _Generated | web.StreamResponse:
-    """Run one request, sending ``chunk(delta(output))`` as events when ``streaming``.
+    """Run one request, sending ``chunk(delta(output), output)`` as events when ``streaming``.
+
+    ``chunk`` gives None for an output with nothing to send.
 
     Returns what it produced, or the closed stream when the request failed after the
     stream was opened (a failure before that raises, keeping its HTTP status).
@@ -137,6 +143,8 @@ async def _generate(
     host, ids, params = prepared
     stream: web.StreamResponse | None = None
     text: list[str] = []
+    records: list[TokenLogprob] = []
+    prompt: list[TokenLogprob | None] | None = None
     try:
         async with aclosing(run(host, ids, params, priority)) as outputs:
             # The first output comes before any header: admission errors keep their status.
@@ -147,9 +155,12 @@ async def _generate(
                     await sse.send(stream, opening)
             while True:
                 piece = delta(out)
-                if stream is not None and piece:
-                    await sse.send(stream, chunk(piece))
+                if stream is not None and (event := chunk(piece, out)) is not None:
+                    await sse.send(stream, event)
                 text.append(piece)
+                records.extend(out.logprobs or ())
+                if out.prompt_logprobs is not None:
+                    prompt = out.prompt_logprobs
                 if out.finished:
                     break
                 out = await anext(outputs)
@@ -166,7 +177,7 @@ async def _generate(
         # and break the client's parser; the error is the stream's last event instead.
         _LOGGER.exception("Unexpected error streaming %s", request.path)
         return await _fail_stream(stream, engine_error(err, 1))
-    return _Generated(out, "".join(text), stream)
+    return _Generated(out, "".join(text), stream, records, prompt)
 
 
 def _observe(request: web.Request, priority: str, out: RequestOutput, reason: str) -> Usage:
@@ -190,13 +201,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return out.text
         return parser.feed(out.text) + (parser.finish() if out.finished else "")
 
+    texts = lp.TokenTexts(prepared[0].engine.tokenizer)
+
+    def chunk(piece: str, out: RequestOutput) -> dict[str, Any] | None:
+        """A content chunk, with its tokens' logprobs where asked (even with no text yet)."""
+        if not piece and not out.logprobs:
+            return None
+        event = chat_chunk(response_id, model, created, {"content": piece})
+        if out.logprobs:
+            event["choices"][0]["logprobs"] = {"content": lp.chat_content(out.logprobs, texts)}
+        return event
+
     result = await _generate(
         request,
         prepared,
         priority,
         body.stream,
         delta,
-        lambda piece: chat_chunk(response_id, model, created, {"content": piece}),
+        chunk,
         opening=chat_chunk(response_id, model, created, {"role": "assistant", "content": ""}),
     )
     if isinstance(result, web.StreamResponse):
@@ -205,9 +227,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     reason = _finish_reason(result.last.finish_reason, bool(calls))
     usage = _observe(request, priority, result.last, reason)
     if (stream := result.stream) is None:
-        return web.json_response(
-            chat_completion(response_id, model, result.text, calls, reason, usage, created)
-        )
+        answer = chat_completion(response_id, model, result.text, calls, reason, usage, created)
+        if body.logprobs is not None:
+            content = lp.chat_content(result.logprobs, texts)
+            answer["choices"][0]["logprobs"] = {"content": content}
+        if result.prompt_logprobs is not None:
+            answer["prompt_logprobs"] = lp.vllm_prompt_logprobs(result.prompt_logprobs, texts)
+        return web.json_response(answer)
     if calls:
         await sse.send(stream, chat_chunk(response_id, model, created, tool_call_deltas(calls)))
     await sse.send(stream, chat_chunk(response_id, model, created, {}, reason))
@@ -221,24 +247,56 @@ async def completions(request: web.Request) -> web.StreamResponse:
     """``POST /v1/completions``."""
     body = parse_completion_request(await read_json(request))
     prepared = await _prepare(request, body, COMPLETION_DEFAULT_MAX_TOKENS)
-    response_id, created, model = new_id("cmpl"), now(), prepared[0].model_name
+    host, ids = prepared[0], prepared[1]
+    response_id, created, model = new_id("cmpl"), now(), host.model_name
     priority = body.priority.label
-    result = await _generate(
-        request,
-        prepared,
-        priority,
-        body.stream,
-        lambda out: out.text,
-        lambda piece: text_completion(response_id, model, created, piece, None),
-    )
+    texts = lp.TokenTexts(host.engine.tokenizer)
+    # Echo puts the prompt's text first: the string sent, or the ids' decoded text.
+    echo = ""
+    if body.echo:
+        echo = body.prompt if isinstance(body.prompt, str) else host.engine.tokenizer.decode(ids)
+    # Characters streamed so far (the next text_offset), and whether the echo went out.
+    sent, echoed = [len(echo)], [not body.echo]
+
+    def chunk(piece: str, out: RequestOutput) -> dict[str, Any] | None:
+        """A text chunk (the echo before the first), with its tokens' legacy logprobs."""
+        first = not echoed[0]
+        echoed[0] = True
+        text = (echo if first else "") + piece
+        if not text and not out.logprobs:
+            return None
+        event = text_completion(response_id, model, created, text, None)
+        if body.logprobs is not None:
+            if first and out.prompt_logprobs is not None:
+                value = lp.echoed_logprobs(
+                    ids, out.prompt_logprobs, out.logprobs or [], texts, len(echo)
+                )
+            else:
+                value = lp.completion_logprobs(list(out.logprobs or []), texts, sent[0])
+            event["choices"][0]["logprobs"] = value
+        sent[0] += len(piece)
+        return event
+
+    result = await _generate(request, prepared, priority, body.stream, lambda out: out.text, chunk)
     if isinstance(result, web.StreamResponse):
         return result
     reason = _finish_reason(result.last.finish_reason, False)
     usage = _observe(request, priority, result.last, reason)
     if (stream := result.stream) is None:
-        return web.json_response(
-            text_completion(response_id, model, created, result.text, reason, usage)
-        )
+        answer = text_completion(response_id, model, created, echo + result.text, reason, usage)
+        if body.logprobs is not None:
+            if body.echo and result.prompt_logprobs is not None:
+                value = lp.echoed_logprobs(
+                    ids, result.prompt_logprobs, result.logprobs, texts, len(echo)
+                )
+            else:
+                value = lp.completion_logprobs(list(result.logprobs), texts)
+            answer["choices"][0]["logprobs"] = value
+        if body.prompt_logprobs is not None and result.prompt_logprobs is not None:
+            answer["choices"][0]["prompt_logprobs"] = lp.vllm_prompt_logprobs(
+                result.prompt_logprobs, texts
+            )
+        return web.json_response(answer)
     await sse.send(stream, text_completion(response_id, model, created, "", reason))
     if body.include_usage:
         await sse.send(

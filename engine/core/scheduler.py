@@ -580,6 +580,11 @@ class Scheduler:
             kv.cache_blocks(seq)
             if not samples:
                 continue
+            if seq.params.max_tokens == 0:
+                # A scoring request (prompt_logprobs only): done once its prompt is read.
+                self._finish_running(seq, FinishReason.LENGTH, now)
+                finished.append(seq)
+                continue
             token = sampled.get(seq.request_id)
             if token is None:
                 # No token came back: feed the last token again next step so the sequence

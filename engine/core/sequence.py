@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from paged_llm.engine.core.logprob import MAX_LOGPROBS, TokenLogprob
 from paged_llm.engine.errors import InvalidSamplingParams
 from paged_llm.protocol.priority import Priority as Priority  # the one enum, re-exported
 
@@ -80,6 +81,14 @@ class SamplingParams:
     repetition_penalty: float | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # Log probabilities (engine/sample/logprobs.py): None asks for none; n gives each
+    # generated token's with its n most likely alternatives (0: the chosen token's alone).
+    logprobs: int | None = None
+    # The same for the prompt's tokens (vLLM's prompt_logprobs), from position
+    # ``prompt_logprobs_from`` on (negative: counted from the prompt's end). Positions
+    # before it may come from the prefix cache; the scored ones are always computed.
+    prompt_logprobs: int | None = None
+    prompt_logprobs_from: int = 0
 
     def __post_init__(self) -> None:
         """Reject values that would make sampling undefined."""
@@ -97,13 +106,16 @@ class SamplingParams:
             raise InvalidSamplingParams(f"min_p must be a number, got {self.min_p!r}")
         if not 0 <= self.min_p <= 1:  # NaN fails this too
             raise InvalidSamplingParams(f"min_p must be in [0, 1], got {self.min_p}")
+        # 0 scores a prompt without generating: only with prompt_logprobs.
+        least = 0 if self.prompt_logprobs is not None else 1
         if (
             isinstance(self.max_tokens, bool)
             or not isinstance(self.max_tokens, int)
-            or self.max_tokens < 1
+            or self.max_tokens < least
         ):
             raise InvalidSamplingParams(
-                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}"
+                f"max_tokens must be an integer >= 1 (0 only with prompt_logprobs), "
+                f"got {self.max_tokens!r}"
             )
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
@@ -137,6 +149,7 @@ class SamplingParams:
                 f"ignore_eos must be True or False, got {self.ignore_eos!r}"
             )
         self._check_penalties()
+        self._check_logprobs()
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         self._check_structured()
@@ -190,6 +203,22 @@ class SamplingParams:
             if not -2 <= value <= 2:
                 raise InvalidSamplingParams(f"{name} must be in [-2, 2], got {value}")
 
+    def _check_logprobs(self) -> None:
+        """Reject log-probability requests outside 0..MAX_LOGPROBS, naming the field."""
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidSamplingParams(f"{name} must be an integer or None, got {value!r}")
+            if not 0 <= value <= MAX_LOGPROBS:
+                raise InvalidSamplingParams(
+                    f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}"
+                )
+        start = self.prompt_logprobs_from
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise InvalidSamplingParams(f"prompt_logprobs_from must be an integer, got {start!r}")
+
     @property
     def greedy(self) -> bool:
         """Whether sampling reduces to argmax."""
@@ -221,6 +250,9 @@ class Sequence:
     last_started_time: float | None = None
     preempted_times: list[float] = field(default_factory=list)
     extra_stop_token_ids: tuple[int, ...] = ()
+    # Prompt log probabilities computed so far, for positions from first_scored on; kept
+    # across a preemption, so a recompute scores only what is still missing.
+    scored_prompt: list[TokenLogprob] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         """Start the token list from the prompt."""
@@ -252,6 +284,22 @@ class Sequence:
     def max_total_tokens(self) -> int:
         """The most tokens this sequence can ever hold: prompt plus max_tokens."""
         return self.num_prompt_tokens + self.params.max_tokens
+
+    @property
+    def first_scored(self) -> int:
+        """The first prompt position to score (position 0 has no context); prompt length: none."""
+        params = self.params
+        if params.prompt_logprobs is None:
+            return self.num_prompt_tokens
+        start = params.prompt_logprobs_from
+        if start < 0:
+            start += self.num_prompt_tokens
+        return min(max(start, 1), self.num_prompt_tokens)
+
+    @property
+    def next_scored(self) -> int:
+        """The first prompt position still to score; the prompt's length once all are."""
+        return self.first_scored + len(self.scored_prompt)
 
     @property
     def num_preemptions(self) -> int:

@@ -24,6 +24,7 @@ from paged_llm.engine.model.cpu_model import CpuModel
 from paged_llm.engine.model.loaded import LoadedModel, dtype_name, kv_geometry
 from paged_llm.engine.model.step_inputs import pack_step
 from paged_llm.engine.model.thread_tuner import ThreadTuner
+from paged_llm.engine.sample import logprobs as lp
 from paged_llm.engine.sample.isolated import sample_isolated
 from paged_llm.engine.sample.numpy_penalties import apply_penalties
 from paged_llm.engine.sample.numpy_sampler import NumpySampler
@@ -79,6 +80,8 @@ class CpuRunner:
         self.structured = structured
         # Seconds the last step spent in the model's forward pass (benchmarks read it).
         self.last_forward_s = 0.0
+        # The last step's log probabilities, for the requests that asked (the engine reads them).
+        self.logprobs = lp.StepLogprobs()
 
     def execute(
         self, output: SchedulerOutput, block_tables: list[list[int]]
@@ -89,6 +92,7 @@ class CpuRunner:
         failure raises; a request whose sampling fails gets its exception instead of a token.
         """
         chunks = output.chunks
+        self.logprobs = lp.StepLogprobs()
         if not chunks:
             return {}
         step = pack_step(output, block_tables, self.block_size)
@@ -110,12 +114,23 @@ class CpuRunner:
         )
         self.last_forward_s = time.perf_counter() - started
         self.tuner.record(step.decode_shape, threads, self.last_forward_s)
+        if step.scored:
+            every = [chunk.seq for chunk in chunks]
+            offset = step.num_sample_keep
+            self.logprobs.prompt = lp.prompt_logprobs(logits, offset, step.scored, every)
+            logits = logits[: step.num_sample_keep]
         if not step.sample_rows:
             return {}
         seqs = [chunks[i].seq for i in step.sample_rows]
+        # Raw log probabilities: before penalties and masks change the logits in place.
+        wanted = lp.wanted_rows(seqs)
+        rows = lp.log_softmax(logits[wanted]) if wanted else None
         apply_penalties(logits, seqs)
         failed = self._apply_grammars(logits, seqs)
-        return sample_isolated(self.sampler, logits, seqs, failed)
+        tokens = sample_isolated(self.sampler, logits, seqs, failed)
+        if rows is not None:
+            self.logprobs.sampled = lp.sampled_logprobs(rows, wanted, seqs, tokens)
+        return tokens
 
     def _apply_grammars(self, logits: Floats, seqs: list[Sequence]) -> dict[int, Exception]:
         """Mask the constrained rows; return the rows whose grammar failed, with the error."""

@@ -32,6 +32,7 @@ from paged_llm.engine.model.native_forward import NativeForward
 from paged_llm.engine.model.native_model import NativeModel
 from paged_llm.engine.model.step_inputs import pack_step
 from paged_llm.engine.model.thread_tuner import ThreadTuner
+from paged_llm.engine.sample import logprobs as lp
 from paged_llm.engine.sample.isolated import sample_isolated
 from paged_llm.engine.sample.penalties import apply_penalties
 from paged_llm.engine.sample.sampler import Sampler
@@ -222,6 +223,8 @@ class ModelRunner:
         self.structured = structured
         # Seconds the last step spent in the model's forward pass (benchmarks read it).
         self.last_forward_s = 0.0
+        # The last step's log probabilities, for the requests that asked (the engine reads them).
+        self.logprobs = lp.StepLogprobs()
 
     def execute(
         self, output: SchedulerOutput, block_tables: list[list[int]]
@@ -232,6 +235,7 @@ class ModelRunner:
         failure raises; a request whose sampling fails gets its exception instead of a token.
         """
         chunks = output.chunks
+        self.logprobs = lp.StepLogprobs()
         if not chunks:
             return {}
         step = pack_step(output, block_tables, self.block_size)
@@ -280,12 +284,26 @@ class ModelRunner:
                 torch.cuda.synchronize(dev)
             self.last_forward_s = time.perf_counter() - started
             self.tuner.record(shape, threads, self.last_forward_s)
+            if step.scored:
+                # The few scored rows go to the CPU in float32: the records are numpy's.
+                extra = logits[step.num_sample_keep :].float().cpu().numpy()
+                every = [chunk.seq for chunk in chunks]
+                self.logprobs.prompt = lp.prompt_logprobs(extra, 0, step.scored, every)
+                logits = logits[: step.num_sample_keep]
             if not sample_rows:
                 return {}
             seqs = [chunks[i].seq for i in sample_rows]
+            # Raw log probabilities: before penalties and masks change the logits in place.
+            wanted = lp.wanted_rows(seqs)
+            rows = None
+            if wanted:
+                rows = lp.log_softmax(logits[wanted].float().cpu().numpy())
             apply_penalties(logits, seqs)
             failed = self._apply_grammars(logits, seqs)
-            return sample_isolated(self.sampler, logits, seqs, failed)
+            tokens = sample_isolated(self.sampler, logits, seqs, failed)
+            if rows is not None:
+                self.logprobs.sampled = lp.sampled_logprobs(rows, wanted, seqs, tokens)
+            return tokens
 
     def _apply_grammars(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, Exception]:
         """Mask the constrained rows; return the rows whose grammar failed, with the error."""

@@ -3,7 +3,8 @@
 Both runners pack a step the same way (no padding): every scheduled token's id and absolute
 position, the chunk (sequence row) it belongs to, the pool slot its K/V goes to, the block
 tables padded to one width, and the rows whose logits are needed (each sampling chunk's
-last token).
+last token, then the rows scoring prompt tokens of requests that asked for prompt log
+probabilities: the row at position q gives the log probability of the token at q + 1).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class StepInputs:
     # sampling chunk; the first chunk's last row when none samples, as a forward needs one).
     sample_rows: list[int]
     keep: Longs
+    # Prompt scoring: (chunk, first scored position, count) per chunk with rows to score;
+    # their rows follow the sampling rows in ``keep``, in this order.
+    scored: list[tuple[int, int, int]]
+    num_sample_keep: int
     # The number of sequences of a decode-only step (the thread tuner's key), else None.
     decode_shape: int | None
 
@@ -66,6 +71,22 @@ def pack_step(
     slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size
     sample_rows = [i for i, chunk in enumerate(chunks) if chunk.samples]
     keep = cu[1:][sample_rows] - 1 if sample_rows else cu[1:2] - 1
+    num_sample_keep = len(keep)
+    scored: list[tuple[int, int, int]] = []
+    extra: list[Longs] = []
+    for i, chunk in enumerate(chunks):
+        seq = chunk.seq
+        end = seq.num_prompt_tokens  # rows score positions next_scored .. end - 1
+        if seq.next_scored >= end:
+            continue
+        first = max(seq.next_scored, chunk.start + 1)
+        last = min(end, chunk.start + chunk.num_tokens + 1)
+        if first < last:
+            scored.append((i, first, last - first))
+            row = int(cu[i]) + first - 1 - chunk.start
+            extra.append(np.arange(row, row + last - first, dtype=np.int64))
+    if extra:
+        keep = np.concatenate([keep, *extra])
     # Steps that only decode compare by their number of sequences; others not at all.
     decode = all(chunk.num_tokens == 1 for chunk in chunks)
     return StepInputs(
@@ -80,5 +101,7 @@ def pack_step(
         cu=cu,
         sample_rows=sample_rows,
         keep=keep,
+        scored=scored,
+        num_sample_keep=num_sample_keep,
         decode_shape=len(chunks) if decode else None,
     )

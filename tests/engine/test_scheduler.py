@@ -447,7 +447,10 @@ def test_rejections_leave_other_requests_untouched() -> None:
         ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
         ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
         ({"top_k": -1}, "top_k must be an integer >= 0, got -1"),
-        ({"max_tokens": 0}, "max_tokens must be an integer >= 1, got 0"),
+        (
+            {"max_tokens": 0},
+            "max_tokens must be an integer >= 1 (0 only with prompt_logprobs), got 0",
+        ),
         ({"stop": "END"}, "stop must be a sequence of non-empty strings"),
         ({"stop": ("ok", "")}, "stop must be a sequence of non-empty strings"),
         ({"seed": 1.5}, "seed must be an integer or None, got 1.5"),

@@ -108,7 +108,11 @@ def test_chat_request_fields() -> None:
         ({"messages": USER, "seed": "1"}, "seed"),
         ({"messages": USER, "stream": "yes"}, "stream"),
         ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
-        ({"messages": USER, "logprobs": True}, "logprobs"),
+        ({"messages": USER, "logprobs": 1}, "logprobs"),
+        ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"messages": USER, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+        ({"messages": USER, "top_logprobs": 2}, "top_logprobs"),
+        ({"messages": USER, "prompt_logprobs": 21}, "prompt_logprobs"),
         ({"messages": USER, "presence_penalty": 5}, "presence_penalty"),
         ({"messages": USER, "min_p": 1.5}, "min_p"),
         ({"messages": USER, "min_p": -0.1}, "min_p"),
@@ -123,6 +127,19 @@ def test_chat_request_errors_name_the_field(body: object, param: str | None) -> 
         parse_chat_request(body)
     assert caught.value.status == 400
     assert caught.value.param == param
+
+
+def test_logprob_fields_parse() -> None:
+    chat = parse_chat_request({"messages": USER, "logprobs": True, "top_logprobs": 3})
+    assert chat.logprobs == 3
+    assert parse_chat_request({"messages": USER, "logprobs": True}).logprobs == 0
+    assert parse_chat_request({"messages": USER, "logprobs": False}).logprobs is None
+    text = parse_completion_request({"prompt": "hi", "logprobs": 2, "echo": True})
+    assert (text.logprobs, text.echo) == (2, True)
+    for body, param in (({"logprobs": 21}, "logprobs"), ({"echo": 1}, "echo")):
+        with pytest.raises(ApiError) as caught:
+            parse_completion_request({"prompt": "hi", **body})
+        assert caught.value.param == param
 
 
 def test_completion_prompt_forms() -> None:

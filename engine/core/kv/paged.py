@@ -75,6 +75,10 @@ class KVCacheManager(KVManager):
             return NO_HITS
         # A full hit still recomputes the last token: its logits are needed to sample.
         limit = (seq.num_tokens - 1) // self._block_size
+        if seq.next_scored < seq.num_prompt_tokens:
+            # Prompt log probabilities: the row before each scored token must be computed,
+            # so only blocks wholly before it may come from the cache.
+            limit = min(limit, (seq.next_scored - 1) // self._block_size)
         hits: list[int] = []
         for block_hash in self._block_hashes(seq, limit)[:limit]:
             block_id = self._pool.get_cached(block_hash)
