@@ -23,6 +23,7 @@ from custom_components.paged_llm.const import DOMAIN
 from custom_components.paged_llm.home_grammar import async_get_home, grammar_tools, targets_home
 from custom_components.paged_llm.prompt import format_tool
 from custom_components.paged_llm.tool_calls import parse_tool_calls
+from custom_components.paged_llm.warmup import async_render_agent_prompt
 from paged_llm.engine.structured.tool_grammar import ToolCallFormat, tool_call_structural_tag
 from tests.components.paged_llm.test_conversation import _conversation_entity_id, _StandInEngine
 
@@ -160,3 +161,19 @@ async def test_a_call_without_the_domain_reaches_the_assist_tool(
     # The model was shown the real name, and sees its call under that name afterwards.
     assert '"name": "intent__HassTurnOn"' in stand_in.prompts[0][0]["content"]
     assert json.dumps("intent__HassTurnOn") in stand_in.prompts[1][-2]["content"]
+
+
+async def test_the_warm_up_renders_the_prompt_of_an_admin_only_api(
+    hass: HomeAssistant, small_home: None, init_integration: MockConfigEntry, hass_owner_user: Any
+) -> None:
+    """2026.11's Home Assistant API serves admins only; the warm-up renders it as the owner."""
+    entry = init_integration
+    subentry = next(s for s in entry.subentries.values() if s.subentry_type == "conversation")
+    apis = [llm.LLM_API_ASSIST, llm.LLM_API_HOME_ASSISTANT]
+    assert next(
+        a for a in llm.async_get_apis(hass) if a.id == llm.LLM_API_HOME_ASSISTANT
+    ).requires_admin
+    messages, _tools = await async_render_agent_prompt(
+        hass, entry, {**subentry.data, CONF_LLM_HASS_API: apis}
+    )
+    assert '"name": "intent__HassTurnOn"' in messages[0]["content"]
