@@ -5,6 +5,7 @@ Torch-free and Home Assistant-free: the integration, the server and the remote c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
@@ -80,6 +81,39 @@ def _arguments(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+NAMESPACE_SEPARATOR = "__"
+
+
+def resolve_tool_name(name: str, tool_names: set[str]) -> str:
+    """The offered tool a called name means: itself, or the one it names with or without a prefix.
+
+    Home Assistant names tools ``<domain>__<name>`` (``intent__HassTurnOn``,
+    ``homeassistant__GetLiveContext``) and a merged API's colliding tools
+    ``<api>__<name>``; before 2026.11 it put every merged tool under its API's name
+    (``assist__intent__HassTurnOn``). Small models drop such a prefix, or write the one they
+    saw in another release or in the prompt (``tools from "assist"``). A name that is not
+    offered is matched, in this order, to the one offered name ending in ``__<name>``, then
+    with its own prefixes dropped one at a time to an offered name or the one offered name
+    ending in what is left. A name that fits no offered tool, or several, stays as it is.
+    """
+    if not tool_names or name in tool_names:
+        return name
+    parts = name.split(NAMESPACE_SEPARATOR)
+    for start in range(len(parts)):
+        tail = NAMESPACE_SEPARATOR.join(parts[start:])
+        if not tail:
+            break
+        if start and tail in tool_names:
+            return tail
+        suffix = NAMESPACE_SEPARATOR + tail
+        matches = [offered for offered in tool_names if offered.endswith(suffix)]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            break  # ambiguous: naming less would not make it less so
+    return name
+
+
 def _call_from_object(obj: Any, tool_names: set[str] | None) -> ToolCall | None:
     """A tool call from ``{"name": ..., "arguments"|"parameters": {...}}``, else None.
 
@@ -93,8 +127,10 @@ def _call_from_object(obj: Any, tool_names: set[str] | None) -> ToolCall | None:
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return None
-    if tool_names is not None and name not in tool_names:
-        return None
+    if tool_names is not None:
+        name = resolve_tool_name(name, tool_names)
+        if name not in tool_names:
+            return None
     args = _arguments(obj.get("arguments", obj.get("parameters")))
     if args is None:
         return None
@@ -172,14 +208,23 @@ def _parse_bare_json(text: str, tool_names: set[str]) -> tuple[str, list[ToolCal
 
 
 def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str, list[ToolCall]]:
-    """Split model output into the text for the user and the tool calls it makes."""
+    """Split model output into the text for the user and the tool calls it makes.
+
+    Each call's name is resolved to the offered tool it means (``resolve_tool_name``).
+    """
     for parsed in (
         _parse_hermes(text),
         _parse_mistral(text),
         _parse_bare_json(text, tool_names),
     ):
         if parsed is not None:
-            return parsed
+            content, calls = parsed
+            return content, [
+                call
+                if (name := resolve_tool_name(call.tool_name, tool_names)) == call.tool_name
+                else dataclasses.replace(call, tool_name=name)
+                for call in calls
+            ]
     return text, []
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from homeassistant.components import conversation
 from homeassistant.const import CONF_LLM_HASS_API, CONF_PROMPT
-from homeassistant.core import HomeAssistant
+from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import llm
 
 from .backend import Backend, Delta, Sampling
@@ -31,19 +31,34 @@ from .runtime import PagedLLMConfigEntry, PromptBudget
 WARMUP_USER_TEXT = "Hello"
 
 
+async def _async_render_context(hass: HomeAssistant, api: Any) -> Context | None:
+    """The context to render the prompt in: none, or the owner's for an admin-only API.
+
+    Home Assistant 2026.11 gives an API that requires an admin (its own "Home Assistant"
+    API) only to an admin user's turns, so a prompt rendered for no user would fail. The
+    warm-up only renders the prompt (no tool runs); the owner's is the prompt such a turn
+    gets.
+    """
+    chosen = {api} if isinstance(api, str) else set(api or ())
+    if not any(known.requires_admin for known in llm.async_get_apis(hass) if known.id in chosen):
+        return None
+    owner = await hass.auth.async_get_owner()
+    return Context(user_id=owner.id) if owner is not None else None
+
+
 async def async_render_agent_prompt(
     hass: HomeAssistant, entry: PagedLLMConfigEntry, settings: Mapping[str, Any]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The messages a conversation turn would send, as the agent builds them, and its tools."""
     chat_log = conversation.ChatLog(hass, f"{DOMAIN}-warmup")
+    api = settings.get(CONF_LLM_HASS_API)
     context = llm.LLMContext(
         platform=DOMAIN,
-        context=None,
+        context=await _async_render_context(hass, api),
         language=hass.config.language,
         assistant=conversation.DOMAIN,
         device_id=None,
     )
-    api = settings.get(CONF_LLM_HASS_API)
     # The agent's own instructions (with the no-control sentence), so the prefix matches.
     instructions = agent_instructions(settings.get(CONF_PROMPT), bool(api))
     await chat_log.async_provide_llm_data(context, api, instructions)

@@ -63,7 +63,7 @@ async def test_streamed_deltas_reach_the_chat_log_in_order(
     deltas: list[dict[str, Any]] = []
     with (
         patch.object(engine, "generate", observed),
-        chat_session.async_get_chat_session(hass) as session,
+        chat_session.async_get_chat_session(hass, context=Context()) as session,
         async_get_chat_log(
             hass, session, chat_log_delta_listener=lambda _log, delta: deltas.append(delta)
         ) as chat_log,
@@ -233,7 +233,7 @@ async def test_tool_call_loop_runs_the_tool_and_returns_its_result(
     deltas: list[dict[str, Any]] = []
     try:
         with (
-            chat_session.async_get_chat_session(hass) as session,
+            chat_session.async_get_chat_session(hass, context=Context()) as session,
             async_get_chat_log(
                 hass, session, chat_log_delta_listener=lambda _log, delta: deltas.append(delta)
             ) as chat_log,

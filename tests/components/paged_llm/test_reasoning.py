@@ -53,7 +53,7 @@ async def test_reasoning_is_kept_as_thinking_content_not_speech(
     deltas: list[dict[str, Any]] = []
     try:
         with (
-            chat_session.async_get_chat_session(hass) as session,
+            chat_session.async_get_chat_session(hass, context=Context()) as session,
             async_get_chat_log(
                 hass, session, chat_log_delta_listener=lambda _log, delta: deltas.append(delta)
             ) as chat_log,
