@@ -744,13 +744,14 @@ async def async_command(
     async_reset_home(hass)
     recorder.calls.clear()
     clock.turns.clear()
+    context = Context()
     with (
-        chat_session.async_get_chat_session(hass) as session,
+        chat_session.async_get_chat_session(hass, context=context) as session,
         conversation.async_get_chat_log(hass, session) as chat_log,
     ):
         started = time.perf_counter()
         await conversation.async_converse(
-            hass, command.text, session.conversation_id, Context(), agent_id=agent_id
+            hass, command.text, session.conversation_id, context, agent_id=agent_id
         )
         total = time.perf_counter() - started
         # Tools still running in the background (none should) finish before scoring.

@@ -148,6 +148,7 @@ def test_wheel_holds_only_the_namespaced_packages(wheel: Path) -> None:
         "paged_llm/__init__.py",
         "paged_llm/__main__.py",
         "paged_llm/defaults.py",
+        "paged_llm/download.py",
         "paged_llm/extras.py",
         "paged_llm/metric_windows.py",
     )

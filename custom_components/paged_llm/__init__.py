@@ -166,7 +166,7 @@ async def _async_start_remote(hass: HomeAssistant, entry: PagedLLMConfigEntry) -
     return RemoteBackend(client, model, info.max_model_len)
 
 
-async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> bool:
+async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> None:
     """Start the entry's backend, its metrics and its entities."""
     remote = entry.data.get(CONF_BACKEND) == BACKEND_REMOTE
     backend: Backend
@@ -203,15 +203,15 @@ async def async_setup_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> 
         await backend.async_close()
         raise
     entry.async_on_unload(entry.add_update_listener(_async_update_listener))
-    return True
 
 
-async def async_unload_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> bool:
-    """Remove the entities, then stop the backend and free what it holds."""
-    if not await hass.config_entries.async_unload_platforms(entry, PLATFORMS):
-        return False
+async def async_unload_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> None:
+    """Remove the entities, then stop the backend and free what it holds.
+
+    Since Home Assistant 2026.11 entry methods return None and raise when they fail.
+    """
+    await hass.config_entries.async_unload_platforms_or_raise(entry, PLATFORMS)
     await entry.runtime_data.backend.async_close()
-    return True
 
 
 async def async_remove_entry(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> None:
