@@ -1,4 +1,4 @@
-"""Log probabilities of the raw model distribution, on numpy (the torch twin: torch_logprobs).
+"""Log probabilities of the raw model distribution on numpy, for both runners.
 
 Which distribution: the model's own, log_softmax of the logits as the forward pass gives
 them, before penalties, grammar masks, temperature and top-k/top-p/min-p (vLLM v1's
