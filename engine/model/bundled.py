@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from paged_llm.defaults import bundled_gguf
 from paged_llm.download import DownloadError, bundled_model_file, default_models_dir
 from paged_llm.engine.errors import ModelLoadError
-
-Progress = Callable[[float], None]
+from paged_llm.engine.model.progress import Progress
 
 
 def bundled_file(name: str, cache_dir: Path | None, progress: Progress | None = None) -> Path:

@@ -17,7 +17,6 @@ template, a tensor type, no C compiler) is a ModelLoadError that names it and sa
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from paged_llm.engine.model.gguf_config import GGUFConfig, config_of
 from paged_llm.engine.model.gguf_metadata import MetadataReader, Unreadable
 from paged_llm.engine.model.loaded import NUMPY, LoadedModel
 from paged_llm.engine.model.memory import available_memory
+from paged_llm.engine.model.progress import Progress, part
 from paged_llm.extras import ENGINE_EXTRA
 from paged_llm.kernels.cpu import forward as cpu_forward
 from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
@@ -41,7 +41,6 @@ from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
 _LOGGER = logging.getLogger(__name__)
 
 Floats = npt.NDArray[np.float32]
-Progress = Callable[[float], None]
 # Beside the mapped weights: Python, numpy, the tokenizer and a first KV pool.
 RUNTIME_BYTES = 256 << 20
 # The seven projections of a layer, by their GGUF names, in cpu_forward.Layer's order.
@@ -298,7 +297,7 @@ def load_cpu_model(config: EngineConfig, progress: Progress | None = None) -> Lo
     except OSError as err:
         raise ModelLoadError(f"{path}: {err}") from err
     model_config = config_of(reader.values(), [t.name for t in reader.tensors])
-    weights = read_weights(path, model_config, _part(progress, 0.1))
+    weights = read_weights(path, model_config, part(progress, 0.1))
     vocab = read_vocabulary(path)
     tokenizer = GGUFTokenizer(vocab, path)
     if model_config.ignored:
@@ -341,10 +340,3 @@ def load_cpu_model(config: EngineConfig, progress: Progress | None = None) -> Lo
         runner=NUMPY,
         chat_template=template,
     )
-
-
-def _part(progress: Progress | None, start: float) -> Progress | None:
-    """``progress`` for the part of the load from ``start`` to 1."""
-    if progress is None:
-        return None
-    return lambda fraction: progress(start + (1.0 - start) * fraction)

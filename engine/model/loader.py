@@ -25,6 +25,7 @@ from paged_llm.engine.model.architectures import check_supported, exact_context
 from paged_llm.engine.model.bundled import bundled_file
 from paged_llm.engine.model.loaded import LoadedModel as LoadedModel  # re-exported
 from paged_llm.engine.model.memory import fit_dtype
+from paged_llm.engine.model.progress import Progress, part
 from paged_llm.engine.model.quant import Q4Float32Linear, WeightFormat, quantize_model
 from paged_llm.kernels.cpu import attention as cpu_attention
 from paged_llm.kernels.cpu import quant as cpu_quant
@@ -76,15 +77,9 @@ def bundled_gguf_path(name: str, cache_dir: Path | None = None) -> Path:
     return bundled_file(name, cache_dir)
 
 
-Progress = Callable[[float], None]
 # The part of a GGUF load's progress reported once the kernels are there (built on a first
 # start, for seconds); the metadata and the tensors take the rest.
 KERNELS_SHARE = 0.1
-
-
-def _scaled(progress: Progress, start: float) -> Progress:
-    """``progress`` for a part of the load that takes the fractions from ``start`` to 1."""
-    return lambda fraction: progress(start + (1.0 - start) * fraction)
 
 
 # Picks the dtype to load a model in from its config (memory.fit_dtype, bound to settings).
@@ -128,7 +123,7 @@ def _load_gguf(
     native = native_model and in_place and cpu_forward.unavailable(_kernels(cache_dir)) is None
     if progress is not None:
         progress(KERNELS_SHARE)
-    tensors = None if progress is None else _scaled(progress, KERNELS_SHARE)
+    tensors = part(progress, KERNELS_SHARE)
     loaded = load_gguf_model(gguf, fit, in_place, cache_dir, tensors, native=native)
     if not in_place:
         return loaded.model, loaded.tokenizer, loaded.dtype, None

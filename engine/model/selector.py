@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
@@ -27,6 +26,7 @@ from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model.bundled import bundled_file, fetched_yet
 from paged_llm.engine.model.loaded import NUMPY, TORCH, LoadedModel
+from paged_llm.engine.model.progress import Progress, part
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -82,15 +82,9 @@ def runner_for(config: EngineConfig) -> str:
     return TORCH
 
 
-Progress = Callable[[float], None]
 # The part of a load's progress a first start spends fetching the bundled model (about
 # 100 MB); loading it takes the rest.
 FETCH_SHARE = 0.5
-
-
-def _scaled(progress: Progress, start: float, end: float) -> Progress:
-    """``progress`` for a part of the load that takes the fractions from ``start`` to ``end``."""
-    return lambda fraction: progress(start + (end - start) * fraction)
 
 
 def _fetch_first(config: EngineConfig, progress: Progress | None) -> Progress | None:
@@ -102,10 +96,8 @@ def _fetch_first(config: EngineConfig, progress: Progress | None) -> Progress | 
     if fetched_yet(name, config.cache_dir):
         return progress
     # Not installed and not fetched yet (or unknown: bundled_file says which).
-    bundled_file(
-        name, config.cache_dir, None if progress is None else _scaled(progress, 0.0, FETCH_SHARE)
-    )
-    return None if progress is None else _scaled(progress, FETCH_SHARE, 1.0)
+    bundled_file(name, config.cache_dir, part(progress, 0.0, FETCH_SHARE))
+    return part(progress, FETCH_SHARE)
 
 
 def load_model(
