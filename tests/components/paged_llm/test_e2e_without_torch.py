@@ -21,8 +21,12 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.home_assistant import CONFIGURATION, HomeAssistantProcess, kill
-from tests.helpers.home_assistant import make_home_assistant
+from tests.helpers.home_assistant import (
+    CONFIGURATION,
+    HomeAssistantProcess,
+    kill,
+    make_home_assistant,
+)
 from tests.helpers.without_torch import BLOCKED
 
 pytestmark = pytest.mark.slow
