@@ -51,9 +51,9 @@ WEIGHT_CHOICES = ("auto", "float", "q4", "q8")
 
 
 def bundled_model(name: str) -> BundledModel:
-    """A bundled model's description; LookupError naming the known ones."""
+    """A bundled model's description, by name with or without its prefix; LookupError else."""
     try:
-        return BUNDLED_MODELS[name]
+        return BUNDLED_MODELS[name.removeprefix(BUNDLED_PREFIX)]
     except KeyError:
         known = ", ".join(BUNDLED_PREFIX + n for n in BUNDLED_MODELS)
         raise LookupError(f"unknown bundled model {name!r}; known: {known}") from None
