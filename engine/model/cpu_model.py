@@ -151,9 +151,14 @@ def kernels_dir(config: EngineConfig) -> Path | None:
     return None if config.cache_dir is None else config.cache_dir / "kernels"
 
 
-def read_weights(path: Path, config: GGUFConfig, progress: Progress | None = None) -> CpuModel:
-    """Map the file and prepare every tensor the C forward reads."""
-    file = gguf_file.read(path)
+def read_weights(
+    path: Path,
+    config: GGUFConfig,
+    progress: Progress | None = None,
+    metadata: MetadataReader | None = None,
+) -> CpuModel:
+    """Map the file and prepare every tensor the C forward reads (``metadata``: its header)."""
+    file = gguf_file.read(path, metadata)
     need = file.n_bytes + RUNTIME_BYTES
     free = available_memory("cpu")
     if need > free:
@@ -297,8 +302,8 @@ def load_cpu_model(config: EngineConfig, progress: Progress | None = None) -> Lo
     except OSError as err:
         raise ModelLoadError(f"{path}: {err}") from err
     model_config = config_of(reader.values(), [t.name for t in reader.tensors])
-    weights = read_weights(path, model_config, part(progress, 0.1))
-    vocab = read_vocabulary(path)
+    weights = read_weights(path, model_config, part(progress, 0.1), reader)
+    vocab = read_vocabulary(path, reader)
     tokenizer = GGUFTokenizer(vocab, path)
     if model_config.ignored:
         _LOGGER.info(

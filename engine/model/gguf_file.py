@@ -20,6 +20,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from paged_llm.engine.errors import ModelLoadError
+from paged_llm.engine.model.gguf_metadata import MetadataReader
 
 _MAGIC = b"GGUF"
 # Metadata value types: fixed sizes of the scalar ones (GGUF's numbering).
@@ -65,11 +66,17 @@ class GGUFFile:
         return sum(t.n_bytes for t in self.tensors)
 
 
-def read(path: Path) -> GGUFFile:
-    """Read the file's table and map it; a damaged or truncated file is a ModelLoadError."""
+def read(path: Path, metadata: MetadataReader | None = None) -> GGUFFile:
+    """Read the file's table and map it; a damaged or truncated file is a ModelLoadError.
+
+    With the file's ``metadata`` already read, the walk starts at its tensor table.
+    """
     try:
         with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            architecture, tensors, data_start = _read_header(m)
+            if metadata is None:
+                architecture, tensors, data_start = _read_header(m)
+            else:
+                architecture, tensors, data_start = _read_after(m, metadata)
         size = path.stat().st_size
         placed = [_placed(t, data_start) for t in tensors]
         for tensor in placed:
@@ -106,6 +113,25 @@ def _read_header(buf: mmap.mmap) -> tuple[str, list[TensorInfo], int]:
             at += 4
         else:
             at = _skip(buf, at, kind)
+    return _read_table(buf, at, n_tensors, architecture, alignment)
+
+
+def _read_after(buf: mmap.mmap, metadata: MetadataReader) -> tuple[str, list[TensorInfo], int]:
+    """As ``_read_header``, the metadata taken from a reader that walked it already."""
+    values = metadata.fields
+    architecture = values.get("general.architecture")
+    alignment = values.get(_ALIGNMENT_KEY)
+    name = ""
+    if architecture is not None and architecture.types == [_STRING]:
+        name = bytes(architecture.parts[0]).decode()
+    align = int(alignment.parts[0][0]) if alignment is not None and alignment.types == [4] else 32
+    return _read_table(buf, metadata.table_at, len(metadata.tensors), name, align)
+
+
+def _read_table(
+    buf: mmap.mmap, at: int, n_tensors: int, architecture: str, alignment: int
+) -> tuple[str, list[TensorInfo], int]:
+    """The tensor table at ``at``: (architecture, tensors, data start)."""
     if not architecture:
         raise ValueError("the file names no general.architecture")
     tensors = []

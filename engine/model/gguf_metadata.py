@@ -95,6 +95,8 @@ class MetadataReader:
         """Read the header; Unreadable where gguf's own reader is needed."""
         self.fields: dict[str, Field] = {}
         self.tensors: list[TensorName] = []
+        # Where the tensor table starts: gguf_file reads it from here without a second walk.
+        self.table_at = 0
         self._decoded: dict[str, list[Any]] = {}
         with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as m:
             self._buffer, self._at = m, 0
@@ -124,6 +126,7 @@ class MetadataReader:
             name = self._string().decode()
             (kind,) = self._unpack("<I")
             self.fields[name] = self._field(name, kind)
+        self.table_at = self._at
         for _ in range(n_tensors):
             name = self._string().decode()
             (dims,) = self._unpack("<I")

@@ -134,11 +134,12 @@ class Vocabulary:
     chat_template: str | None
 
 
-def read_vocabulary(path: str | Path) -> Vocabulary:
-    """The tokenizer fields of a GGUF file, read with the engine's own metadata reader."""
+def read_vocabulary(path: str | Path, reader: MetadataReader | None = None) -> Vocabulary:
+    """The tokenizer fields of a GGUF file, from ``reader`` where its header was read already."""
     path = Path(path)
     try:
-        values = MetadataReader(path).values(keep_strings=(_TOKENS, _MERGES))
+        reader = reader or MetadataReader(path)
+        values = reader.values(keep_strings=(_TOKENS, _MERGES))
     except Unreadable as err:
         raise _unsupported(path, f"a metadata layout this reader does not read ({err})") from err
     if not isinstance(values.get(_TOKENS), list):

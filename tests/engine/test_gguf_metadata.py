@@ -13,6 +13,7 @@ from transformers.integrations.ggml import _gguf_parse_value
 from transformers.integrations.gguf import reader as transformers_reader
 
 from paged_llm.engine.config import DEFAULT_MODEL
+from paged_llm.engine.model import gguf_file
 from paged_llm.engine.model.gguf_metadata import (
     MetadataReader,
     ParsedArray,
@@ -159,3 +160,26 @@ def test_what_it_cannot_read_goes_to_gguf_s_reader(tmp_path: Path) -> None:
     other.write_bytes(b"PK\x03\x04" + whole[4:])
     with pytest.raises(Unreadable, match="magic"):
         MetadataReader(other)
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_the_tensor_table_reads_the_same_from_the_metadata_reader(
+    tmp_path: Path, alignment: int | None
+) -> None:
+    """gguf_file.read starting at the reader's table agrees with its own walk and gguf's."""
+    path = tmp_path / "aligned.gguf"
+    writer = gguf.GGUFWriter(path, "qwen2")
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bc", "ünï"] * 50)
+    writer.add_tensor("token_embd.weight", np.arange(96, dtype=np.float32).reshape(3, 32))
+    writer.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    for file in (path, bundled_gguf_path(DEFAULT_MODEL)):
+        walked, given = gguf_file.read(file), gguf_file.read(file, MetadataReader(file))
+        assert (given.architecture, given.tensors) == (walked.architecture, walked.tensors)
+        theirs = {t.name: int(t.data_offset) for t in gguf.GGUFReader(file).tensors}
+        assert {t.name: t.offset for t in given.tensors} == theirs
