@@ -29,6 +29,7 @@ from homeassistant.const import (
     CONF_URL,
 )
 from homeassistant.core import HomeAssistant, callback
+from homeassistant.helpers import llm
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.service_info.hassio import HassioServiceInfo
 
@@ -199,12 +200,24 @@ def check_engine_settings(
         backend.check_settings(config)
 
 
-def default_subentries() -> list[ConfigSubentryData]:
-    """A conversation agent and an AI task agent, ready to use."""
+def conversation_options(tools: bool) -> dict[str, Any]:
+    """A new conversation agent's options: "Control Home Assistant" on if the model calls tools."""
+    if not tools:
+        return dict(RECOMMENDED_CONVERSATION_OPTIONS)
+    return {**RECOMMENDED_CONVERSATION_OPTIONS, CONF_LLM_HASS_API: [llm.LLM_API_ASSIST]}
+
+
+def tools_note(tools: bool) -> str:
+    """The create-entry message's key: whether the agent controls the home, and why not."""
+    return "tools_on" if tools else "tools_off"
+
+
+def default_subentries(tools: bool = False) -> list[ConfigSubentryData]:
+    """A conversation agent and an AI task agent, ready to use; ``tools``: the model calls tools."""
     return [
         {
             "subentry_type": SUBENTRY_CONVERSATION,
-            "data": RECOMMENDED_CONVERSATION_OPTIONS,
+            "data": conversation_options(tools),
             "title": DEFAULT_CONVERSATION_NAME,
             "unique_id": None,
         },
@@ -600,11 +613,16 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         assert self._backend is not None
         assert self.unique_id is not None
         backend, self._backend = self._backend, None
+        # The model's own chat template decides: one that renders a tools list was trained
+        # to call them; one that does not would only make the agent pretend.
+        tools = backend.native_tools
         hand_over_backend(self.hass, self.unique_id, backend)
         return self.async_create_entry(
             title=model_title(self._data[CONF_MODEL]),
             data=self._data,
-            subentries=default_subentries(),
+            subentries=default_subentries(tools),
+            description=tools_note(tools),
+            description_placeholders={"model": model_label(self._data[CONF_MODEL])},
         )
 
     async def async_step_reconfigure(
@@ -714,6 +732,17 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         }
 
 
+def entry_calls_tools(entry: ConfigEntry) -> bool:
+    """Whether a running embedded entry's model template can call tools (else: unknown, off)."""
+    data = getattr(entry, "runtime_data", None)
+    if entry.state is not ConfigEntryState.LOADED or data is None:
+        return False
+    backend = data.backend
+    if not isinstance(backend, EmbeddedBackend) or not backend.engine.is_running:
+        return False
+    return backend.native_tools
+
+
 class PagedLLMSubentryFlowHandler(ConfigSubentryFlow):
     """Add or change a conversation agent or an AI task agent."""
 
@@ -739,15 +768,15 @@ class PagedLLMSubentryFlowHandler(ConfigSubentryFlow):
             return self.async_update_and_abort(
                 self._get_entry(), self._get_reconfigure_subentry(), data=data
             )
+        entry = self._get_entry()
         if self._is_new:
             options: Mapping[str, Any] = (
                 RECOMMENDED_AI_TASK_OPTIONS
                 if self._subentry_type == SUBENTRY_AI_TASK
-                else RECOMMENDED_CONVERSATION_OPTIONS
+                else conversation_options(entry_calls_tools(entry))
             )
         else:
             options = self._get_reconfigure_subentry().data
-        entry = self._get_entry()
         taken = {sub.title for sub in entry.subentries.values()}
         return self.async_show_form(
             step_id="set_options",
