@@ -94,9 +94,7 @@ def test_a_dropped_connection_resumes_with_a_range(hub_index: Index, tmp_path: P
     assert ranges == [None, "bytes=300000-"]
 
 
-def test_a_checksum_mismatch_is_refused_and_nothing_kept(
-    hub_index: Index, tmp_path: Path
-) -> None:
+def test_a_checksum_mismatch_is_refused_and_nothing_kept(hub_index: Index, tmp_path: Path) -> None:
     hub_index.listed_sha256["Tiny-Q4_K_M.gguf"] = "0" * 64
     remote = hub.resolve(Source(SourceKind.HUB, repo=REPO, quant="Q4_K_M"))
     with pytest.raises(DownloadError, match="refused"):

@@ -33,6 +33,7 @@ from homeassistant.helpers import llm
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.service_info.hassio import HassioServiceInfo
 
+from paged_llm.catalogue import BY_KEY
 from paged_llm.client import (
     AuthenticationError,
     CannotConnectError,
@@ -40,6 +41,7 @@ from paged_llm.client import (
     OpenAIClient,
 )
 from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
+from paged_llm.download import DownloadError
 from paged_llm.extras import CPU, CPU_EXTRA, ENGINE, ENGINE_EXTRA
 
 from .addon import CONF_ADDON, addon_unique_id, discovered_data
@@ -91,6 +93,15 @@ from .engine_import import (
 )
 from .engine_install import async_install_extra
 from .errors import EngineImportError, install_error_key, load_error_key
+from .picker import (
+    Download,
+    async_bandwidth,
+    download_file,
+    download_source,
+    models_dir,
+    picker_options,
+    recommended_model,
+)
 from .prompt import DEFAULT_INSTRUCTIONS
 from .runtime import hand_over_backend
 from .schemas import (
@@ -105,7 +116,7 @@ from .schemas import (
 if TYPE_CHECKING:
     from .runtime import PagedLLMConfigEntry
 
-BUNDLED_LABEL = "SmolLM2 135M Instruct (bundled, works offline)"
+BUNDLED_LABEL = "SmolLM2 135M Instruct (bundled)"
 # How often the loading dialog is told the load's progress again (seconds).
 PROGRESS_REPEAT_S = 1.0
 RECOMMENDED_CONVERSATION_OPTIONS: dict[str, Any] = {
@@ -147,6 +158,8 @@ def chosen_model(user_input: Mapping[str, Any]) -> str:
     """The model the form's two fields name, in its canonical spelling."""
     if user_input[CONF_MODEL] == MODEL_BUNDLED:
         return str(DEFAULT_MODEL)
+    if user_input[CONF_MODEL] in BY_KEY:
+        return recommended_model(user_input[CONF_MODEL])
     typed = str(user_input.get(CONF_CUSTOM_MODEL) or "").strip()
     if not typed:
         raise NoModelTypedError
@@ -270,6 +283,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._server: dict[str, Any] = {}
         self._models: list[str] = []
         self._addon_name = ""
+        self._download: Download | None = None
+        self._download_task: asyncio.Task[Path] | None = None
 
     @override
     async def async_step_user(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
@@ -372,31 +387,91 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 data = {CONF_BACKEND: BACKEND_EMBEDDED, **coerce_engine_input(user_input)}
             except NoModelTypedError:
                 self._errors, self._reason = {CONF_CUSTOM_MODEL: "model_missing"}, ""
-                return self._show_engine_form(suggested=user_input)
-            await self.async_set_unique_id(data[CONF_MODEL])
-            self._abort_if_unique_id_configured()
+                return await self._async_show_engine_form(suggested=user_input)
+            try:
+                source = download_source(data[CONF_MODEL])
+            except DownloadError as err:
+                self._errors, self._reason = {CONF_CUSTOM_MODEL: "download_refused"}, str(err)
+                return await self._async_show_engine_form(suggested=user_input)
             self._data = data
-            try:
-                await async_import_engine(self.hass)
-            except EngineImportError:
-                # The load step fails the same way and names it on the form.
-                return await self.async_step_load()
-            try:
-                needs_torch = await self._async_needs_torch_install(data)
-            except ValueError as err:
-                self._errors, self._reason = {"base": "invalid_settings"}, str(err)
-            else:
-                if needs_torch:
-                    self._after_install = ("load", "embedded")
-                    return await self.async_step_install_torch()
-                if not self._errors:
-                    return await self.async_step_load()
-        return self._show_engine_form()
+            if source is not None:
+                self._download = Download(source)
+                return await self.async_step_download()
+            return await self.async_step_use_model()
+        return await self._async_show_engine_form()
 
-    def _show_engine_form(self, suggested: Mapping[str, Any] | None = None) -> ConfigFlowResult:
+    async def async_step_download(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Fetch the chosen file into the models folder while the user watches its progress."""
+        assert self._download is not None
+        if self._download_task is None or not self._download_task.done():
+            if self._download_task is None:
+                self._download_task = self.hass.async_create_task(
+                    self._async_download(self._download), f"{DOMAIN} download a model"
+                )
+            return self.async_show_progress(
+                step_id="download",
+                progress_action="download_model",
+                progress_task=self._download_task,
+                description_placeholders={"model": self._data[CONF_MODEL]},
+            )
+        task, self._download_task = self._download_task, None
+        try:
+            path = task.result()
+        except DownloadError as err:  # nothing partial under the final name; the form says why
+            LOGGER.warning("Model %s could not be downloaded: %s", self._data[CONF_MODEL], err)
+            self._errors, self._reason = {"base": "download_failed"}, str(err)
+            return self.async_show_progress_done(next_step_id="embedded")
+        self._data[CONF_MODEL] = str(path)
+        return self.async_show_progress_done(next_step_id="use_model")
+
+    async def _async_download(self, download: Download) -> Path:
+        """Resolve and fetch ``download`` on an executor thread, reporting its progress."""
+        loop = self.hass.loop
+        folder = models_dir(self.hass)
+
+        def report(fraction: float) -> None:
+            """The download's progress (called from its thread)."""
+            loop.call_soon_threadsafe(self.async_update_progress, fraction)
+
+        return await self.hass.async_add_executor_job(download_file, download, folder, report)
+
+    async def async_step_use_model(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Test-load the chosen model (here now), after PyTorch's install if it needs it."""
+        data = self._data
+        await self.async_set_unique_id(data[CONF_MODEL])
+        self._abort_if_unique_id_configured()
+        try:
+            await async_import_engine(self.hass)
+        except EngineImportError:
+            # The load step fails the same way and names it on the form.
+            return await self.async_step_load()
+        try:
+            needs_torch = await self._async_needs_torch_install(data)
+        except ValueError as err:
+            self._errors, self._reason = {"base": "invalid_settings"}, str(err)
+        else:
+            if needs_torch:
+                self._after_install = ("load", "embedded")
+                return await self.async_step_install_torch()
+            if not self._errors:
+                return await self.async_step_load()
+        return await self._async_show_engine_form()
+
+    async def _async_show_engine_form(
+        self, suggested: Mapping[str, Any] | None = None
+    ) -> ConfigFlowResult:
         """The engine form with the pending errors; ``suggested`` refills what was typed."""
         errors, self._errors = self._errors, {}
-        schema = engine_schema(self._data, with_model=True)
+        settings = suggested or self._data
+        bandwidth = await async_bandwidth(self.hass)
+        recommended = await self.hass.async_add_executor_job(
+            picker_options, models_dir(self.hass), settings, bandwidth
+        )
+        schema = engine_schema(self._data, with_model=True, recommended=recommended)
         if suggested is not None:
             schema = self.add_suggested_values_to_schema(schema, suggested)
         return self.async_show_form(
