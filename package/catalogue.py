@@ -16,9 +16,10 @@ from pathlib import Path
 # The engine's KV cache on a CPU is float32 (the "Automatic" precision there).
 KV_DTYPE_BYTES = 4
 # Decoding one token reads every weight once: a CPU's decode speed is its memory bandwidth
-# over the file's bytes, times how much of that bandwidth the kernels reach. 0.5 is about
-# what this project's kernels reached on the Zen 3 box of docs/performance.md.
-BANDWIDTH_USE = 0.5
+# over the file's bytes, times how the engine's kernels (2 threads) compare with the probe
+# (one numpy thread). 0.9: Qwen2.5 1.5B Q4_K_M decoded 17.3 tokens/s on the 2-core Zen 3
+# box of docs/performance.md, whose probe read 19 GB/s (2026-12-07).
+BANDWIDTH_USE = 0.9
 # The bandwidth measurement: big enough to leave the CPU caches, short enough for a form.
 _PROBE_BYTES = 64 * 2**20
 _PROBE_ROUNDS = 3
