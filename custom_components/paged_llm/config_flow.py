@@ -76,6 +76,7 @@ from .const import (
     DOMAIN,
     LOGGER,
     MODEL_BUNDLED,
+    MODEL_OTHER,
     SUBENTRY_AI_TASK,
     SUBENTRY_CONVERSATION,
 )
@@ -100,6 +101,7 @@ from .picker import (
     download_source,
     models_dir,
     picker_options,
+    recommended_key,
     recommended_model,
 )
 from .prompt import DEFAULT_INSTRUCTIONS
@@ -285,6 +287,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._addon_name = ""
         self._download: Download | None = None
         self._download_task: asyncio.Task[Path] | None = None
+        # Where a download goes on: the step after it, and the form that says why it failed.
+        self._after_download = ("use_model", "embedded")
 
     @override
     async def async_step_user(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
@@ -422,9 +426,9 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         except DownloadError as err:  # nothing partial under the final name; the form says why
             LOGGER.warning("Model %s could not be downloaded: %s", self._data[CONF_MODEL], err)
             self._errors, self._reason = {"base": "download_failed"}, str(err)
-            return self.async_show_progress_done(next_step_id="embedded")
+            return self.async_show_progress_done(next_step_id=self._after_download[1])
         self._data[CONF_MODEL] = str(path)
-        return self.async_show_progress_done(next_step_id="use_model")
+        return self.async_show_progress_done(next_step_id=self._after_download[0])
 
     async def _async_download(self, download: Download) -> Path:
         """Resolve and fetch ``download`` on an executor thread, reporting its progress."""
@@ -703,15 +707,39 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
     async def async_step_reconfigure(
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
-        """Change the engine settings or the server of an entry; it restarts with them."""
+        """Change the model or engine settings, or the server, of an entry; it restarts."""
         entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
         if entry.data.get(CONF_BACKEND) == BACKEND_REMOTE:
             return await self.async_step_server()
-        # A failed install of the torch path comes back here with its error.
+        # A failed install of the torch path or download comes back here with its error.
         errors, self._errors = self._errors, {}
         reason, self._reason = self._reason, ""
         if user_input is not None:
+            if (
+                user_input.get(CONF_MODEL, MODEL_OTHER) == MODEL_OTHER
+                and not str(user_input.get(CONF_CUSTOM_MODEL) or "").strip()
+            ):
+                # "Another file or model" left empty: the entry keeps its model.
+                user_input = {
+                    **user_input,
+                    CONF_MODEL: MODEL_OTHER,
+                    CONF_CUSTOM_MODEL: entry.data[CONF_MODEL],
+                }
             data = {**entry.data, **coerce_engine_input(user_input)}
+            if user_input[CONF_MODEL] == recommended_key(entry.data[CONF_MODEL]):
+                data[CONF_MODEL] = entry.data[CONF_MODEL]  # that file, downloaded before
+            if data[CONF_MODEL] != entry.data[CONF_MODEL]:
+                try:
+                    source = download_source(data[CONF_MODEL])
+                except DownloadError as err:
+                    errors, reason = {CONF_CUSTOM_MODEL: "download_refused"}, str(err)
+                    return await self._async_show_reconfigure_form(user_input, errors, reason)
+                self._data = data
+                if source is None:
+                    return await self.async_step_reconfigure_model()
+                self._download = Download(source)
+                self._after_download = ("reconfigure_model", "reconfigure")
+                return await self.async_step_download()
             try:
                 await async_import_engine(self.hass)
                 await self.hass.async_add_executor_job(
@@ -731,9 +759,22 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                     return await self.async_step_reconfigure_save()
                 errors, self._errors = self._errors, {}
                 reason, self._reason = self._reason, ""
+        return await self._async_show_reconfigure_form(
+            user_input or self._data or entry.data, errors, reason
+        )
+
+    async def _async_show_reconfigure_form(
+        self, values: Mapping[str, Any], errors: dict[str, str], reason: str
+    ) -> ConfigFlowResult:
+        """The reconfigure form: the model picker and the engine settings, as ``values`` say."""
+        entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
+        bandwidth = await async_bandwidth(self.hass)
+        recommended = await self.hass.async_add_executor_job(
+            picker_options, models_dir(self.hass), values, bandwidth
+        )
         return self.async_show_form(
             step_id="reconfigure",
-            data_schema=engine_schema(user_input or self._data or entry.data, with_model=False),
+            data_schema=engine_schema(values, with_model=True, recommended=recommended),
             errors=errors,
             description_placeholders={
                 "model": model_label(entry.data[CONF_MODEL]),
@@ -741,6 +782,25 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 **chosen_settings(entry),
             },
         )
+
+    async def async_step_reconfigure_model(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Another model for the entry (here now): one entry per model, PyTorch if it needs it."""
+        await self.async_set_unique_id(self._data[CONF_MODEL])
+        self._abort_if_unique_id_configured()
+        try:
+            await async_import_engine(self.hass)
+            needs_torch = await self._async_needs_torch_install(self._data)
+        except Exception as err:  # the engine or the settings: named on the form
+            self._errors, self._reason = {"base": load_error_key(err)}, str(err)
+            return await self.async_step_reconfigure()
+        if needs_torch:
+            self._after_install = ("reconfigure_save", "reconfigure")
+            return await self.async_step_install_torch()
+        if self._errors:
+            return await self.async_step_reconfigure()
+        return await self.async_step_reconfigure_save()
 
     async def async_step_reconfigure_save(
         self, user_input: dict[str, Any] | None = None
@@ -750,7 +810,12 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         if entry.state is not ConfigEntryState.LOADED:
             # No update listener runs for an entry that failed to start.
             self.hass.config_entries.async_schedule_reload(entry.entry_id)
-        return self.async_update_and_abort(entry, data=self._data)
+        model = self._data[CONF_MODEL]
+        if model == entry.data[CONF_MODEL]:
+            return self.async_update_and_abort(entry, data=self._data)
+        return self.async_update_and_abort(
+            entry, unique_id=model, title=model_title(model), data=self._data
+        )
 
     async def async_step_reauth(self, entry_data: Mapping[str, Any]) -> ConfigFlowResult:
         """The server refused the entry's API key: ask for the one it expects now."""

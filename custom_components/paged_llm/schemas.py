@@ -79,6 +79,7 @@ from .const import (
     SUBENTRY_CONVERSATION,
     WEIGHTS,
 )
+from .picker import recommended_key
 from .prompt import DEFAULT_INSTRUCTIONS
 
 ENGINE_DEFAULTS: dict[str, Any] = {
@@ -213,6 +214,9 @@ def form_values(data: Mapping[str, Any]) -> dict[str, Any]:
     model = values[CONF_MODEL]
     if model in BY_KEY:  # a form sent back with a recommended file chosen
         values[CONF_CUSTOM_MODEL] = data.get(CONF_CUSTOM_MODEL, "")
+        return values
+    if (key := recommended_key(model)) is not None:  # a recommended file, downloaded
+        values[CONF_MODEL], values[CONF_CUSTOM_MODEL] = key, ""
         return values
     values[CONF_MODEL] = MODEL_BUNDLED if model == DEFAULT_MODEL else MODEL_OTHER
     values[CONF_CUSTOM_MODEL] = "" if model == DEFAULT_MODEL else model

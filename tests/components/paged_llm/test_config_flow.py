@@ -229,7 +229,8 @@ async def test_reconfigure_restarts_engine_with_new_kv_budget(
     result = await entry.start_reconfigure_flow(hass)
     assert result["type"] is FlowResultType.FORM
     assert result["step_id"] == "reconfigure"
-    assert CONF_MODEL not in {str(key) for key in result["data_schema"].schema}
+    # The model picker too; "Another file or model" left empty keeps the entry's model.
+    assert CONF_MODEL in {str(key) for key in result["data_schema"].schema}
     result = await hass.config_entries.flow.async_configure(
         result["flow_id"],
         {

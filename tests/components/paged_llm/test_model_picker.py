@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from homeassistant import config_entries
+from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import CONF_MODEL
 from homeassistant.core import HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType
@@ -188,3 +189,52 @@ async def test_a_file_larger_than_the_free_memory_is_refused_before_downloading(
     assert result["errors"] == {"base": "download_failed"}
     assert "larger than the memory free" in result["description_placeholders"]["reason"]
     assert not [p for p, _ in stand_in.requests if p.endswith(NAME)]
+
+
+async def test_reconfigure_downloads_another_model_and_restarts_with_it(
+    hass: HomeAssistant, init_integration: Any, stand_in: Index
+) -> None:
+    entry = init_integration
+    result = await entry.start_reconfigure_flow(hass)
+    assert result["step_id"] == "reconfigure"
+    # SmolLM2's KV needs more than the tiny model's 4 MiB for a 2,048-token sequence.
+    values = {
+        **form_values({**entry.data, "kv_budget_mib": 64}),
+        CONF_MODEL: "other",
+        "custom_model": f"{REPO}:Q4_1",
+    }
+    result = await hass.config_entries.flow.async_configure(result["flow_id"], values)
+    assert result["type"] is FlowResultType.SHOW_PROGRESS
+    assert result["step_id"] == "download"
+    result = await _through_progress(hass, result)
+    assert result["type"] is FlowResultType.ABORT, result
+    assert result["reason"] == "reconfigure_successful"
+    await hass.async_block_till_done()
+    path = Path(hass.config.cache_path(DOMAIN)) / "models" / NAME
+    assert entry.data[CONF_MODEL] == str(path)
+    assert entry.unique_id == str(path)
+    assert entry.title == Path(NAME).stem
+    assert entry.state is ConfigEntryState.LOADED
+    assert entry.runtime_data.backend.engine.is_running
+    # The picker shows a downloaded recommended file as its own entry, not as a path.
+    recommended = RECOMMENDED[0]
+    shown = form_values({CONF_MODEL: f"/somewhere/{recommended.filename}"})
+    assert (shown[CONF_MODEL], shown["custom_model"]) == (recommended.key, "")
+
+
+async def test_reconfigure_with_a_failed_download_keeps_the_model(
+    hass: HomeAssistant, init_integration: Any, stand_in: Index
+) -> None:
+    entry = init_integration
+    before = dict(entry.data)
+    stand_in.listed_sha256[NAME] = "0" * 64
+    result = await entry.start_reconfigure_flow(hass)
+    values = {**form_values(entry.data), CONF_MODEL: "other", "custom_model": f"{REPO}:Q4_1"}
+    result = await _through_progress(
+        hass, await hass.config_entries.flow.async_configure(result["flow_id"], values)
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "reconfigure"
+    assert result["errors"] == {"base": "download_failed"}
+    assert dict(entry.data) == before
+    assert entry.runtime_data.backend.engine.is_running
