@@ -11,7 +11,6 @@ client's own setting) points at another Hub, a mirror or a test's stand-in.
 from __future__ import annotations
 
 import enum
-import ipaddress
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from paged_llm.download import (
     _open_url,
     download,
 )
+from paged_llm.net import is_loopback
 
 ENDPOINT_ENV = "HF_ENDPOINT"
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -77,13 +77,7 @@ def endpoint() -> str:
 
 def _loopback(url: str) -> bool:
     """Whether ``url``'s host is this machine (plain http cannot be tampered with there)."""
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(urllib.parse.urlsplit(url).hostname or "")
 
 
 def parse_source(text: str) -> Source | None:

@@ -238,3 +238,15 @@ async def test_reconfigure_with_a_failed_download_keeps_the_model(
     assert result["errors"] == {"base": "download_failed"}
     assert dict(entry.data) == before
     assert entry.runtime_data.backend.engine.is_running
+
+
+async def test_a_file_larger_than_the_free_disk_is_refused_before_downloading(
+    hass: HomeAssistant, config_dir: Path, stand_in: Index, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    usage = hub.shutil.disk_usage(config_dir)
+    monkeypatch.setattr(hub.shutil, "disk_usage", lambda _: usage._replace(free=1000))
+    result = await _through_progress(hass, await _submit(hass, "other", f"{REPO}:Q4_1"))
+    assert result["errors"] == {"base": "download_failed"}
+    assert "GB free" in result["description_placeholders"]["reason"]
+    assert not [p for p, _ in stand_in.requests if p.endswith(NAME)]
+    assert [n for n in _models(config_dir) if not n.endswith(".lock")] == []
