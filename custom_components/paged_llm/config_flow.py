@@ -121,6 +121,8 @@ if TYPE_CHECKING:
 BUNDLED_LABEL = "SmolLM2 135M Instruct (bundled)"
 # How often the loading dialog is told the load's progress again (seconds).
 PROGRESS_REPEAT_S = 1.0
+# The smallest change of a download's progress the dialog is told of (a percent).
+PROGRESS_STEP = 0.01
 RECOMMENDED_CONVERSATION_OPTIONS: dict[str, Any] = {
     CONF_PROMPT: DEFAULT_INSTRUCTIONS,
     CONF_MAX_TOKENS: DEFAULT_MAX_TOKENS,
@@ -434,10 +436,13 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         """Resolve and fetch ``download`` on an executor thread, reporting its progress."""
         loop = self.hass.loop
         folder = models_dir(self.hass)
+        shown = [0.0]
 
         def report(fraction: float) -> None:
-            """The download's progress (called from its thread)."""
-            loop.call_soon_threadsafe(self.async_update_progress, fraction)
+            """The download's progress (from its thread), by whole percents: not per MiB."""
+            if fraction - shown[0] >= PROGRESS_STEP or fraction >= 1.0:
+                shown[0] = fraction
+                loop.call_soon_threadsafe(self.async_update_progress, fraction)
 
         return await self.hass.async_add_executor_job(download_file, download, folder, report)
 
