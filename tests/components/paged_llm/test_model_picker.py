@@ -250,3 +250,18 @@ async def test_a_file_larger_than_the_free_disk_is_refused_before_downloading(
     assert "GB free" in result["description_placeholders"]["reason"]
     assert not [p for p, _ in stand_in.requests if p.endswith(NAME)]
     assert [n for n in _models(config_dir) if not n.endswith(".lock")] == []
+
+
+def test_a_downloaded_file_is_sized_from_its_own_header(gguf_bytes: bytes, tmp_path: Path) -> None:
+    from custom_components.paged_llm.picker import picker_options
+
+    first = RECOMMENDED[0]
+    before = picker_options(tmp_path, {"kv_budget_mib": 512}, None)[0]["label"]
+    assert "downloaded" not in before
+    assert "9,362 tokens of context" in before  # Qwen2.5 1.5B's shape, from the catalogue
+    # A file under that name whose header says otherwise (SmolLM2's: 8,192 tokens at most).
+    (tmp_path / first.filename).write_bytes(gguf_bytes)
+    after = picker_options(tmp_path, {"kv_budget_mib": 512}, None)[0]["label"]
+    assert "downloaded" in after
+    assert "8,192 tokens of context" in after
+    assert "estimate" not in after  # no bandwidth measured: no speed claimed
