@@ -425,7 +425,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         task, self._download_task = self._download_task, None
         try:
             path = task.result()
-        except DownloadError as err:  # nothing partial under the final name; the form says why
+        except (DownloadError, OSError) as err:  # nothing partial under its name; the form says why
             LOGGER.warning("Model %s could not be downloaded: %s", self._data[CONF_MODEL], err)
             self._errors, self._reason = {"base": "download_failed"}, str(err)
             return self.async_show_progress_done(next_step_id=self._after_download[1])
