@@ -43,6 +43,7 @@ from paged_llm.client import (
 from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
 from paged_llm.download import DownloadError
 from paged_llm.extras import CPU, CPU_EXTRA, ENGINE, ENGINE_EXTRA
+from paged_llm.hub import Source
 
 from .addon import CONF_ADDON, addon_unique_id, discovered_data
 from .const import (
@@ -95,7 +96,6 @@ from .engine_import import (
 from .engine_install import async_install_extra
 from .errors import EngineImportError, install_error_key, load_error_key
 from .picker import (
-    Download,
     async_bandwidth,
     download_file,
     download_source,
@@ -287,7 +287,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._server: dict[str, Any] = {}
         self._models: list[str] = []
         self._addon_name = ""
-        self._download: Download | None = None
+        self._download: Source | None = None
         self._download_task: asyncio.Task[Path] | None = None
         # Where a download goes on: the step after it, and the form that says why it failed.
         self._after_download = ("use_model", "embedded")
@@ -401,7 +401,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 return await self._async_show_engine_form(suggested=user_input)
             self._data = data
             if source is not None:
-                self._download = Download(source)
+                self._download = source
                 return await self.async_step_download()
             return await self.async_step_use_model()
         return await self._async_show_engine_form()
@@ -432,8 +432,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._data[CONF_MODEL] = str(path)
         return self.async_show_progress_done(next_step_id=self._after_download[0])
 
-    async def _async_download(self, download: Download) -> Path:
-        """Resolve and fetch ``download`` on an executor thread, reporting its progress."""
+    async def _async_download(self, source: Source) -> Path:
+        """Resolve and fetch ``source`` on an executor thread, reporting its progress."""
         loop = self.hass.loop
         folder = models_dir(self.hass)
         shown = [0.0]
@@ -444,7 +444,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 shown[0] = fraction
                 loop.call_soon_threadsafe(self.async_update_progress, fraction)
 
-        return await self.hass.async_add_executor_job(download_file, download, folder, report)
+        return await self.hass.async_add_executor_job(download_file, source, folder, report)
 
     async def async_step_use_model(
         self, user_input: dict[str, Any] | None = None
@@ -742,7 +742,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 self._data = data
                 if source is None:
                     return await self.async_step_reconfigure_model()
-                self._download = Download(source)
+                self._download = source
                 self._after_download = ("reconfigure_model", "reconfigure")
                 return await self.async_step_download()
             try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from paged_llm.catalogue import (
     shape_of,
 )
 from paged_llm.download import DownloadError, default_models_dir
-from paged_llm.hub import RemoteFile, Source, fetch, parse_source, resolve
+from paged_llm.hub import Source, fetch, parse_source, resolve
 
 from .const import (
     CONF_KV_BUDGET_MIB,
@@ -33,14 +32,6 @@ from .const import (
 )
 
 _BANDWIDTH = f"{DOMAIN}_bandwidth"
-
-
-@dataclass(slots=True)
-class Download:
-    """A file the flow fetches before it test-loads it: what was asked and what it is."""
-
-    source: Source
-    remote: RemoteFile | None = None
 
 
 def models_dir(hass: HomeAssistant) -> Path:
@@ -119,9 +110,9 @@ async def async_bandwidth(hass: HomeAssistant) -> float | None:
     return bandwidth
 
 
-def download_file(download: Download, folder: Path, progress: Callable[[float], None]) -> Path:
-    """Resolve and fetch a download into ``folder`` (blocking); DownloadError says why not."""
-    remote = download.remote = resolve(download.source)
+def download_file(source: Source, folder: Path, progress: Callable[[float], None]) -> Path:
+    """Resolve and fetch ``source`` into ``folder`` (blocking); DownloadError says why not."""
+    remote = resolve(source)
     if remote.size is not None and remote.size > free_memory():
         raise DownloadError(
             f"{remote.filename} ({remote.size / 1e9:.1f} GB) is larger than the memory free "
