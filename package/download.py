@@ -140,13 +140,29 @@ def _read(response: IO[bytes]) -> bytes:
         raise _Dropped(f"the connection dropped ({err!r})") from err
 
 
-def _fetch_part(url: str, part: Path, size: int | None, report: Progress, timeout: float) -> None:
-    """Fetch ``url`` into ``part``, resuming what it holds; _Dropped when the body stopped early."""
+def _fetch_part(
+    url: str,
+    part: Path,
+    size: int | None,
+    report: Progress,
+    timeout: float,
+    magic: bytes | None = None,
+) -> None:
+    """Fetch ``url`` into ``part``, resuming what it holds; _Dropped when the body stopped early.
+
+    ``magic``: the bytes the file starts with, checked on its first bytes (a web page or an
+    error body under the file's URL is refused before the rest is fetched).
+    """
     have = part.stat().st_size if part.exists() else 0
     if size is not None and have > size:
         have = 0  # not a prefix of this file
     if size is not None and have == size:
         return
+    if magic and have < len(magic):
+        have = 0  # too little to judge the file by: fetch its start again
+    elif magic:
+        with part.open("rb") as start:
+            _check_magic(start.read(len(magic)), magic, url, part)
     headers = {"User-Agent": _USER_AGENT, "Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"
@@ -165,11 +181,17 @@ def _fetch_part(url: str, part: Path, size: int | None, report: Progress, timeou
             out = part.open("ab" if have else "wb")
         except OSError as err:
             raise _disk_error(err, part) from err
+        head = b"" if magic and not have else None
         with out:
             while True:
                 chunk = _read(response)
                 if not chunk:
                     break
+                if head is not None and magic is not None:
+                    head += chunk[: len(magic) - len(head)]
+                    if len(head) == len(magic):
+                        _check_magic(head, magic, url, part)
+                        head = None
                 try:
                     out.write(chunk)
                 except OSError as err:
@@ -177,6 +199,8 @@ def _fetch_part(url: str, part: Path, size: int | None, report: Progress, timeou
                 have += len(chunk)
                 if total:
                     report(have / total)
+            if head is not None and magic is not None and (total is None or have >= total):
+                _check_magic(head, magic, url, part)  # the whole body was shorter than it
             try:
                 out.flush()
                 os.fsync(out.fileno())
@@ -184,6 +208,16 @@ def _fetch_part(url: str, part: Path, size: int | None, report: Progress, timeou
                 raise _disk_error(err, part) from err
     if total is not None and have < total:
         raise _Dropped(f"the connection closed after {have} of {total} bytes")
+
+
+def _check_magic(head: bytes, magic: bytes, url: str, part: Path) -> None:
+    """Refuse a file that does not start with ``magic``; nothing of it is kept."""
+    if head[: len(magic)] != magic:
+        part.unlink(missing_ok=True)
+        raise DownloadError(
+            f"{url} is not a {magic.decode(errors='replace')} file (it starts with "
+            f"{head[: len(magic)]!r}); nothing was kept"
+        )
 
 
 def _sha256(path: Path) -> str:
@@ -204,11 +238,13 @@ def download(
     progress: Progress | None = None,
     attempts: int | None = None,
     timeout: float = TIMEOUT_S,
+    magic: bytes | None = None,
 ) -> Path:
     """Fetch ``url`` to ``dest`` through ``dest.part``, resumed across dropped connections.
 
-    ``sha256`` and ``size``, where given, must match or nothing is kept. A ``dest`` already
-    there that matches is kept as it is. DownloadError says what went wrong.
+    ``sha256`` and ``size``, where given, must match or nothing is kept; ``magic``, the
+    file's first bytes, is checked as soon as they arrive. A ``dest`` already there that
+    matches is kept as it is. DownloadError says what went wrong.
     """
     dest = Path(dest)
     sized = dest.is_file() and (size is None or dest.stat().st_size == size)
@@ -223,7 +259,7 @@ def download(
     attempts = attempts or ATTEMPTS
     for attempt in range(attempts):
         try:
-            _fetch_part(url, part, size, report, timeout)
+            _fetch_part(url, part, size, report, timeout, magic)
             break
         except _Dropped as err:
             _LOGGER.warning("Download of %s: %s; resuming", url, err)

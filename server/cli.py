@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paged_llm.defaults import DEFAULT_MODEL, WEIGHT_CHOICES
+from paged_llm.download import DownloadError
 from paged_llm.extras import (
     ENGINE_EXTRA,
     EngineExtraMissing,
@@ -22,6 +23,7 @@ from paged_llm.extras import (
 )
 from paged_llm.protocol.priority import PRIORITY_NAMES
 
+from .hub_model import fetch_hub_model
 from .settings import API_KEY_ENV, DEFAULT_BODY_LIMIT, DEFAULT_HOST, DEFAULT_PORT, ServerSettings
 
 if TYPE_CHECKING:
@@ -44,7 +46,9 @@ def _engine_arguments(parser: argparse.ArgumentParser, positional_model: bool = 
     """The engine's settings, shared by every subcommand."""
     group = parser.add_argument_group("engine")
     what = (
-        f"a model folder, a .gguf file, a Hugging Face id or bundled:NAME (default {DEFAULT_MODEL})"
+        "a model folder, a .gguf file, a Hugging Face id, a Hub GGUF file fetched once "
+        "(owner/repo:Q4_K_M, owner/repo/file.gguf, an https URL; HF_ENDPOINT for a mirror) "
+        f"or bundled:NAME (default {DEFAULT_MODEL})"
     )
     if positional_model:
         group.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=what)
@@ -190,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        config = engine_config(args)
+        asked = engine_config(args)
+        config = fetch_hub_model(asked)
         from paged_llm.engine.api import runner_for
 
         # Looked up, not imported: torch takes seconds, and serve opens its socket first.
@@ -208,7 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 port=args.port,
                 api_key=args.api_key or None,
                 no_auth=args.no_auth,
-                served_model_name=args.served_model_name,
+                # A fetched Hub file keeps the name it was asked by (owner/repo:QUANT).
+                served_model_name=args.served_model_name
+                or (asked.model if asked.model != config.model else None),
                 max_body_bytes=int(args.max_body_size),
                 grace_seconds=args.grace_period,
             )
@@ -219,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "chat":
             return asyncio.run(terminal.chat(config, args))
         return asyncio.run(terminal.generate(config, args))
-    except EngineExtraMissing as err:
+    except (EngineExtraMissing, DownloadError) as err:
         print(f"paged-llm: {err}", file=sys.stderr)
         return 1
     except ValueError as err:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from dataclasses import dataclass
+
+from paged_llm.net import is_loopback
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -47,13 +48,3 @@ class ServerSettings:
             "address can use the model",
             self.host,
         )
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

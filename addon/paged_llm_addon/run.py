@@ -21,6 +21,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from .command import Plan, api_key, build_plan
+from .gguf_download import download_gguf
 from .model import download, locate_model
 from .options import AddonError, Folders, Machine, read_options
 from .supervisor import Supervisor, SupervisorError
@@ -45,6 +46,8 @@ def prepare(folders: Folders, machine: Machine) -> Plan:
     check_port_free(options.port)
     if model.hub_id is not None:
         model = download(model, folders.cache / "huggingface" / "hub", say)
+    if model.gguf is not None:
+        model = download_gguf(model, folders.models, say)
     return build_plan(options, model, machine, folders, api_key(options, folders.data))
 
 

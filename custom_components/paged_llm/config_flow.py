@@ -29,9 +29,11 @@ from homeassistant.const import (
     CONF_URL,
 )
 from homeassistant.core import HomeAssistant, callback
+from homeassistant.helpers import llm
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.service_info.hassio import HassioServiceInfo
 
+from paged_llm.catalogue import BY_KEY
 from paged_llm.client import (
     AuthenticationError,
     CannotConnectError,
@@ -39,7 +41,9 @@ from paged_llm.client import (
     OpenAIClient,
 )
 from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL
+from paged_llm.download import DownloadError
 from paged_llm.extras import CPU, CPU_EXTRA, ENGINE, ENGINE_EXTRA
+from paged_llm.hub import Source
 
 from .addon import CONF_ADDON, addon_unique_id, discovered_data
 from .const import (
@@ -73,6 +77,7 @@ from .const import (
     DOMAIN,
     LOGGER,
     MODEL_BUNDLED,
+    MODEL_OTHER,
     SUBENTRY_AI_TASK,
     SUBENTRY_CONVERSATION,
 )
@@ -90,6 +95,15 @@ from .engine_import import (
 )
 from .engine_install import async_install_extra
 from .errors import EngineImportError, install_error_key, load_error_key
+from .picker import (
+    async_bandwidth,
+    download_file,
+    download_source,
+    models_dir,
+    picker_options,
+    recommended_key,
+    recommended_model,
+)
 from .prompt import DEFAULT_INSTRUCTIONS
 from .runtime import hand_over_backend
 from .schemas import (
@@ -104,9 +118,11 @@ from .schemas import (
 if TYPE_CHECKING:
     from .runtime import PagedLLMConfigEntry
 
-BUNDLED_LABEL = "SmolLM2 135M Instruct (bundled, works offline)"
+BUNDLED_LABEL = "SmolLM2 135M Instruct (bundled)"
 # How often the loading dialog is told the load's progress again (seconds).
 PROGRESS_REPEAT_S = 1.0
+# The smallest change of a download's progress the dialog is told of (a percent).
+PROGRESS_STEP = 0.01
 RECOMMENDED_CONVERSATION_OPTIONS: dict[str, Any] = {
     CONF_PROMPT: DEFAULT_INSTRUCTIONS,
     CONF_MAX_TOKENS: DEFAULT_MAX_TOKENS,
@@ -146,6 +162,8 @@ def chosen_model(user_input: Mapping[str, Any]) -> str:
     """The model the form's two fields name, in its canonical spelling."""
     if user_input[CONF_MODEL] == MODEL_BUNDLED:
         return str(DEFAULT_MODEL)
+    if user_input[CONF_MODEL] in BY_KEY:
+        return recommended_model(user_input[CONF_MODEL])
     typed = str(user_input.get(CONF_CUSTOM_MODEL) or "").strip()
     if not typed:
         raise NoModelTypedError
@@ -199,12 +217,24 @@ def check_engine_settings(
         backend.check_settings(config)
 
 
-def default_subentries() -> list[ConfigSubentryData]:
-    """A conversation agent and an AI task agent, ready to use."""
+def conversation_options(tools: bool) -> dict[str, Any]:
+    """A new conversation agent's options: "Control Home Assistant" on if the model calls tools."""
+    if not tools:
+        return dict(RECOMMENDED_CONVERSATION_OPTIONS)
+    return {**RECOMMENDED_CONVERSATION_OPTIONS, CONF_LLM_HASS_API: [llm.LLM_API_ASSIST]}
+
+
+def tools_note(tools: bool) -> str:
+    """The create-entry message's key: whether the agent controls the home, and why not."""
+    return "tools_on" if tools else "tools_off"
+
+
+def default_subentries(tools: bool = False) -> list[ConfigSubentryData]:
+    """A conversation agent and an AI task agent, ready to use; ``tools``: the model calls tools."""
     return [
         {
             "subentry_type": SUBENTRY_CONVERSATION,
-            "data": RECOMMENDED_CONVERSATION_OPTIONS,
+            "data": conversation_options(tools),
             "title": DEFAULT_CONVERSATION_NAME,
             "unique_id": None,
         },
@@ -257,6 +287,10 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._server: dict[str, Any] = {}
         self._models: list[str] = []
         self._addon_name = ""
+        self._download: Source | None = None
+        self._download_task: asyncio.Task[Path] | None = None
+        # Where a download goes on: the step after it, and the form that says why it failed.
+        self._after_download = ("use_model", "embedded")
 
     @override
     async def async_step_user(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
@@ -359,31 +393,94 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 data = {CONF_BACKEND: BACKEND_EMBEDDED, **coerce_engine_input(user_input)}
             except NoModelTypedError:
                 self._errors, self._reason = {CONF_CUSTOM_MODEL: "model_missing"}, ""
-                return self._show_engine_form(suggested=user_input)
-            await self.async_set_unique_id(data[CONF_MODEL])
-            self._abort_if_unique_id_configured()
+                return await self._async_show_engine_form(suggested=user_input)
+            try:
+                source = download_source(data[CONF_MODEL])
+            except DownloadError as err:
+                self._errors, self._reason = {CONF_CUSTOM_MODEL: "download_refused"}, str(err)
+                return await self._async_show_engine_form(suggested=user_input)
             self._data = data
-            try:
-                await async_import_engine(self.hass)
-            except EngineImportError:
-                # The load step fails the same way and names it on the form.
-                return await self.async_step_load()
-            try:
-                needs_torch = await self._async_needs_torch_install(data)
-            except ValueError as err:
-                self._errors, self._reason = {"base": "invalid_settings"}, str(err)
-            else:
-                if needs_torch:
-                    self._after_install = ("load", "embedded")
-                    return await self.async_step_install_torch()
-                if not self._errors:
-                    return await self.async_step_load()
-        return self._show_engine_form()
+            if source is not None:
+                self._download = source
+                return await self.async_step_download()
+            return await self.async_step_use_model()
+        return await self._async_show_engine_form()
 
-    def _show_engine_form(self, suggested: Mapping[str, Any] | None = None) -> ConfigFlowResult:
+    async def async_step_download(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Fetch the chosen file into the models folder while the user watches its progress."""
+        assert self._download is not None
+        if self._download_task is None or not self._download_task.done():
+            if self._download_task is None:
+                self._download_task = self.hass.async_create_task(
+                    self._async_download(self._download), f"{DOMAIN} download a model"
+                )
+            return self.async_show_progress(
+                step_id="download",
+                progress_action="download_model",
+                progress_task=self._download_task,
+                description_placeholders={"model": self._data[CONF_MODEL]},
+            )
+        task, self._download_task = self._download_task, None
+        try:
+            path = task.result()
+        except (DownloadError, OSError) as err:  # nothing partial under its name; the form says why
+            LOGGER.warning("Model %s could not be downloaded: %s", self._data[CONF_MODEL], err)
+            self._errors, self._reason = {"base": "download_failed"}, str(err)
+            return self.async_show_progress_done(next_step_id=self._after_download[1])
+        self._data[CONF_MODEL] = str(path)
+        return self.async_show_progress_done(next_step_id=self._after_download[0])
+
+    async def _async_download(self, source: Source) -> Path:
+        """Resolve and fetch ``source`` on an executor thread, reporting its progress."""
+        loop = self.hass.loop
+        folder = models_dir(self.hass)
+        shown = [0.0]
+
+        def report(fraction: float) -> None:
+            """The download's progress (from its thread), by whole percents: not per MiB."""
+            if fraction - shown[0] >= PROGRESS_STEP or fraction >= 1.0:
+                shown[0] = fraction
+                loop.call_soon_threadsafe(self.async_update_progress, fraction)
+
+        return await self.hass.async_add_executor_job(download_file, source, folder, report)
+
+    async def async_step_use_model(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Test-load the chosen model (here now), after PyTorch's install if it needs it."""
+        data = self._data
+        await self.async_set_unique_id(data[CONF_MODEL])
+        self._abort_if_unique_id_configured()
+        try:
+            await async_import_engine(self.hass)
+        except EngineImportError:
+            # The load step fails the same way and names it on the form.
+            return await self.async_step_load()
+        try:
+            needs_torch = await self._async_needs_torch_install(data)
+        except ValueError as err:
+            self._errors, self._reason = {"base": "invalid_settings"}, str(err)
+        else:
+            if needs_torch:
+                self._after_install = ("load", "embedded")
+                return await self.async_step_install_torch()
+            if not self._errors:
+                return await self.async_step_load()
+        return await self._async_show_engine_form()
+
+    async def _async_show_engine_form(
+        self, suggested: Mapping[str, Any] | None = None
+    ) -> ConfigFlowResult:
         """The engine form with the pending errors; ``suggested`` refills what was typed."""
         errors, self._errors = self._errors, {}
-        schema = engine_schema(self._data, with_model=True)
+        settings = suggested or self._data
+        bandwidth = await async_bandwidth(self.hass)
+        recommended = await self.hass.async_add_executor_job(
+            picker_options, models_dir(self.hass), settings, bandwidth
+        )
+        schema = engine_schema(self._data, with_model=True, recommended=recommended)
         if suggested is not None:
             schema = self.add_suggested_values_to_schema(schema, suggested)
         return self.async_show_form(
@@ -600,25 +697,54 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         assert self._backend is not None
         assert self.unique_id is not None
         backend, self._backend = self._backend, None
+        # The model's own chat template decides: one that renders a tools list was trained
+        # to call them; one that does not would only make the agent pretend.
+        tools = backend.native_tools
         hand_over_backend(self.hass, self.unique_id, backend)
         return self.async_create_entry(
             title=model_title(self._data[CONF_MODEL]),
             data=self._data,
-            subentries=default_subentries(),
+            subentries=default_subentries(tools),
+            description=tools_note(tools),
+            description_placeholders={"model": model_label(self._data[CONF_MODEL])},
         )
 
     async def async_step_reconfigure(
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
-        """Change the engine settings or the server of an entry; it restarts with them."""
+        """Change the model or engine settings, or the server, of an entry; it restarts."""
         entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
         if entry.data.get(CONF_BACKEND) == BACKEND_REMOTE:
             return await self.async_step_server()
-        # A failed install of the torch path comes back here with its error.
+        # A failed install of the torch path or download comes back here with its error.
         errors, self._errors = self._errors, {}
         reason, self._reason = self._reason, ""
         if user_input is not None:
+            if (
+                user_input.get(CONF_MODEL, MODEL_OTHER) == MODEL_OTHER
+                and not str(user_input.get(CONF_CUSTOM_MODEL) or "").strip()
+            ):
+                # "Another file or model" left empty: the entry keeps its model.
+                user_input = {
+                    **user_input,
+                    CONF_MODEL: MODEL_OTHER,
+                    CONF_CUSTOM_MODEL: entry.data[CONF_MODEL],
+                }
             data = {**entry.data, **coerce_engine_input(user_input)}
+            if user_input[CONF_MODEL] == recommended_key(entry.data[CONF_MODEL]):
+                data[CONF_MODEL] = entry.data[CONF_MODEL]  # that file, downloaded before
+            if data[CONF_MODEL] != entry.data[CONF_MODEL]:
+                try:
+                    source = download_source(data[CONF_MODEL])
+                except DownloadError as err:
+                    errors, reason = {CONF_CUSTOM_MODEL: "download_refused"}, str(err)
+                    return await self._async_show_reconfigure_form(user_input, errors, reason)
+                self._data = data
+                if source is None:
+                    return await self.async_step_reconfigure_model()
+                self._download = source
+                self._after_download = ("reconfigure_model", "reconfigure")
+                return await self.async_step_download()
             try:
                 await async_import_engine(self.hass)
                 await self.hass.async_add_executor_job(
@@ -638,9 +764,22 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                     return await self.async_step_reconfigure_save()
                 errors, self._errors = self._errors, {}
                 reason, self._reason = self._reason, ""
+        return await self._async_show_reconfigure_form(
+            user_input or self._data or entry.data, errors, reason
+        )
+
+    async def _async_show_reconfigure_form(
+        self, values: Mapping[str, Any], errors: dict[str, str], reason: str
+    ) -> ConfigFlowResult:
+        """The reconfigure form: the model picker and the engine settings, as ``values`` say."""
+        entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
+        bandwidth = await async_bandwidth(self.hass)
+        recommended = await self.hass.async_add_executor_job(
+            picker_options, models_dir(self.hass), values, bandwidth
+        )
         return self.async_show_form(
             step_id="reconfigure",
-            data_schema=engine_schema(user_input or self._data or entry.data, with_model=False),
+            data_schema=engine_schema(values, with_model=True, recommended=recommended),
             errors=errors,
             description_placeholders={
                 "model": model_label(entry.data[CONF_MODEL]),
@@ -648,6 +787,25 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 **chosen_settings(entry),
             },
         )
+
+    async def async_step_reconfigure_model(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Another model for the entry (here now): one entry per model, PyTorch if it needs it."""
+        await self.async_set_unique_id(self._data[CONF_MODEL])
+        self._abort_if_unique_id_configured()
+        try:
+            await async_import_engine(self.hass)
+            needs_torch = await self._async_needs_torch_install(self._data)
+        except Exception as err:  # the engine or the settings: named on the form
+            self._errors, self._reason = {"base": load_error_key(err)}, str(err)
+            return await self.async_step_reconfigure()
+        if needs_torch:
+            self._after_install = ("reconfigure_save", "reconfigure")
+            return await self.async_step_install_torch()
+        if self._errors:
+            return await self.async_step_reconfigure()
+        return await self.async_step_reconfigure_save()
 
     async def async_step_reconfigure_save(
         self, user_input: dict[str, Any] | None = None
@@ -657,7 +815,12 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         if entry.state is not ConfigEntryState.LOADED:
             # No update listener runs for an entry that failed to start.
             self.hass.config_entries.async_schedule_reload(entry.entry_id)
-        return self.async_update_and_abort(entry, data=self._data)
+        model = self._data[CONF_MODEL]
+        if model == entry.data[CONF_MODEL]:
+            return self.async_update_and_abort(entry, data=self._data)
+        return self.async_update_and_abort(
+            entry, unique_id=model, title=model_title(model), data=self._data
+        )
 
     async def async_step_reauth(self, entry_data: Mapping[str, Any]) -> ConfigFlowResult:
         """The server refused the entry's API key: ask for the one it expects now."""
@@ -714,6 +877,17 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         }
 
 
+def entry_calls_tools(entry: ConfigEntry) -> bool:
+    """Whether a running embedded entry's model template can call tools (else: unknown, off)."""
+    data = getattr(entry, "runtime_data", None)
+    if entry.state is not ConfigEntryState.LOADED or data is None:
+        return False
+    backend = data.backend
+    if not isinstance(backend, EmbeddedBackend) or not backend.engine.is_running:
+        return False
+    return backend.native_tools
+
+
 class PagedLLMSubentryFlowHandler(ConfigSubentryFlow):
     """Add or change a conversation agent or an AI task agent."""
 
@@ -739,15 +913,15 @@ class PagedLLMSubentryFlowHandler(ConfigSubentryFlow):
             return self.async_update_and_abort(
                 self._get_entry(), self._get_reconfigure_subentry(), data=data
             )
+        entry = self._get_entry()
         if self._is_new:
             options: Mapping[str, Any] = (
                 RECOMMENDED_AI_TASK_OPTIONS
                 if self._subentry_type == SUBENTRY_AI_TASK
-                else RECOMMENDED_CONVERSATION_OPTIONS
+                else conversation_options(entry_calls_tools(entry))
             )
         else:
             options = self._get_reconfigure_subentry().data
-        entry = self._get_entry()
         taken = {sub.title for sub in entry.subentries.values()}
         return self.async_show_form(
             step_id="set_options",

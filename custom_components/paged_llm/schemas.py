@@ -33,6 +33,7 @@ from homeassistant.helpers.selector import (
     TextSelectorType,
 )
 
+from paged_llm.catalogue import BY_KEY
 from paged_llm.defaults import DEFAULT_MODEL
 
 from .const import (
@@ -78,6 +79,7 @@ from .const import (
     SUBENTRY_CONVERSATION,
     WEIGHTS,
 )
+from .picker import recommended_key
 from .prompt import DEFAULT_INSTRUCTIONS
 
 ENGINE_DEFAULTS: dict[str, Any] = {
@@ -108,16 +110,30 @@ def backend_schema(options: list[str]) -> probatio.Schema:
     )
 
 
-def engine_schema(defaults: Mapping[str, Any], with_model: bool) -> probatio.Schema:
-    """The engine settings form; the model is fixed once an entry exists (one entry per model)."""
+def engine_schema(
+    defaults: Mapping[str, Any],
+    with_model: bool,
+    recommended: list[SelectOptionDict] | None = None,
+) -> probatio.Schema:
+    """The engine settings form; the model is fixed once an entry exists (one entry per model).
+
+    ``recommended``: the picker's files between the bundled model and "another file".
+    """
     values = form_values(defaults)
     schema: dict[Any, Any] = {}
     if with_model:
         # A fixed list, not a combo box: the browser then shows the option's name, where a
-        # combo box shows the raw value ("bundled:…") once something is chosen.
+        # combo box shows the raw value ("bundled:…") once something is chosen. The
+        # translation names the bundled model and "another file"; the recommended files'
+        # labels (sizes, memory, speed on this box) come as they are.
+        options = [
+            SelectOptionDict(value=MODEL_BUNDLED, label="SmolLM2 135M Instruct"),
+            *(recommended or []),
+            SelectOptionDict(value=MODEL_OTHER, label="Another file or model"),
+        ]
         schema[probatio.Required(CONF_MODEL, default=values[CONF_MODEL])] = SelectSelector(
             SelectSelectorConfig(
-                options=[MODEL_BUNDLED, MODEL_OTHER],
+                options=options,
                 translation_key=CONF_MODEL,
                 mode=SelectSelectorMode.DROPDOWN,
             )
@@ -196,6 +212,12 @@ def form_values(data: Mapping[str, Any]) -> dict[str, Any]:
     values = {**ENGINE_DEFAULTS, **data}
     values[CONF_BLOCK_SIZE] = str(values[CONF_BLOCK_SIZE])
     model = values[CONF_MODEL]
+    if model in BY_KEY:  # a form sent back with a recommended file chosen
+        values[CONF_CUSTOM_MODEL] = data.get(CONF_CUSTOM_MODEL, "")
+        return values
+    if (key := recommended_key(model)) is not None:  # a recommended file, downloaded
+        values[CONF_MODEL], values[CONF_CUSTOM_MODEL] = key, ""
+        return values
     values[CONF_MODEL] = MODEL_BUNDLED if model == DEFAULT_MODEL else MODEL_OTHER
     values[CONF_CUSTOM_MODEL] = "" if model == DEFAULT_MODEL else model
     return values

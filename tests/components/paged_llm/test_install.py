@@ -120,18 +120,20 @@ def _build_wheel(source: Path, out: Path) -> Path:
 
 
 def _repack_installed(name: str, out: Path) -> Path:
-    """A wheel of a pure-Python distribution installed here, rebuilt from its RECORD.
+    """A wheel of a distribution installed here, rebuilt from its RECORD.
 
     The wheel folder must hold the library's own dependencies too (offline, uv has no
-    index to fetch them from); this test's interpreter has them installed already.
+    index to fetch them from); this test's interpreter has them installed already, for this
+    very platform and Python (binary wheels keep their first tag).
     """
     dist = importlib.metadata.distribution(name)
     files = dist.files or []
     info = next(f for f in files if f.parts[0].endswith(".dist-info"))
     tags = [line for line in dist.read_text("WHEEL").splitlines() if line.startswith("Tag:")]
     tag = tags[0].split(":", 1)[1].strip()
-    assert tag.endswith("none-any"), f"{name} is not pure Python ({tag})"
-    wheel = out / f"{name.replace('-', '_')}-{dist.version}-{tag}.whl"
+    project = re.sub(r"[-_.]+", "_", dist.metadata["Name"]).lower()
+    wheel = out / f"{project}-{dist.version}-{tag}.whl"
+    out.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
         for file in files:
             path = Path(str(dist.locate_file(file)))
@@ -141,15 +143,18 @@ def _repack_installed(name: str, out: Path) -> Path:
     return wheel
 
 
-def _home_assistant_only(folder: Path) -> Path:
-    """A virtualenv with Home Assistant and the components it loads, and no paged-llm."""
+def _home_assistant_only(folder: Path, without: frozenset[str] = frozenset()) -> Path:
+    """A virtualenv with Home Assistant and the components it loads, and no paged-llm.
+
+    ``without``: more pins to leave out, for Home Assistant to install itself.
+    """
     pins = [
         line.split("#")[0].strip()
         for line in (ROOT / "requirements_dev.txt").read_text().splitlines()
         if line.split("#")[0].strip()
     ]
     # The library's own dependency must come through Home Assistant's install too.
-    skip = NOT_IN_HOME_ASSISTANT_OS | {"prometheus-client"}
+    skip = NOT_IN_HOME_ASSISTANT_OS | {"prometheus-client"} | without
     wanted = [pin for pin in pins if re.split(r"[=<>\[ ]", pin)[0] not in skip]
     venv = folder / "venv"
     _run(_uv(), "venv", "--quiet", "--python", sys.executable, str(venv))

