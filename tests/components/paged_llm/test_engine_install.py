@@ -90,8 +90,10 @@ def installer_for(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def test_the_cpu_extra_holds_no_torch_and_the_engine_extra_holds_it_all() -> None:
-    names = {req.split(">")[0].split("<")[0] for req in CPU_REQUIREMENTS}
-    assert names == set(CPU_MODULES)
+    names = {re.split(r"[<>=]", req)[0] for req in CPU_REQUIREMENTS}
+    # The prebuilt kernels come with it where they are built for (not a module the runner
+    # needs: a local build stands in for them).
+    assert names - {"paged-llm-kernels"} == set(CPU_MODULES)
     assert set(CPU_REQUIREMENTS) < set(ENGINE_REQUIREMENTS)
     assert {"torch>=2.9", "transformers<6,>=5.0"} <= set(ENGINE_REQUIREMENTS)
 
