@@ -107,6 +107,32 @@ def forward(build_dir: Path) -> tuple[ctypes.CDLL | None, str | None]:
     return (None, reason) if reason is not None else (_FORWARD.get(), None)
 
 
+def kernels_unavailable() -> str | None:
+    """Why the CPU forward's kernels could be neither loaded prebuilt nor built here, or None.
+
+    Checked without loading or building anything (cheap: a manifest, one file's sha256 and
+    a look for a compiler), for a host to say so before it installs or loads an engine.
+    """
+    try:
+        prebuilt.find(
+            "cpu_forward",
+            source_digest(FORWARD_SOURCE),
+            prebuilt.cpu_features(cpu_flags()),
+        )
+        return None
+    except prebuilt.PrebuiltRefused as err:
+        why_not_prebuilt = str(err)
+    return None if find_compiler() is not None else _no_compiler(why_not_prebuilt)
+
+
+def _no_compiler(why_not_prebuilt: str) -> str:
+    """Why nothing can serve: no prebuilt library fits, and nothing can build one here."""
+    return (
+        f"no prebuilt kernels fit ({why_not_prebuilt}) and there is no C compiler "
+        "($CC, cc, gcc or clang) on PATH to build them"
+    )
+
+
 def load_part(build_dir: Path, source: Path, name: str) -> tuple[ctypes.CDLL | None, str | None]:
     """A library with ``source``'s functions: the forward library when it includes source.
 
@@ -139,10 +165,7 @@ def load(build_dir: Path, source: Path, name: str) -> tuple[ctypes.CDLL | None, 
     _log_once(name, why_not_prebuilt)
     compiler = find_compiler()
     if compiler is None:
-        return None, (
-            f"no prebuilt kernels fit ({why_not_prebuilt}) and there is no C compiler "
-            "($CC, cc, gcc or clang) on PATH to build them"
-        )
+        return None, _no_compiler(why_not_prebuilt)
     try:
         path = build(compiler, build_dir, source, name)
     except OSError as err:

@@ -123,8 +123,8 @@ def open_build(build: Build) -> ctypes.CDLL:
     return lib
 
 
-def load(name: str, digest: str, cpu: set[str], where: Path | None = None) -> ctypes.CDLL:
-    """The best prebuilt build of library name for this CPU, checked and loaded.
+def find(name: str, digest: str, cpu: set[str], where: Path | None = None) -> Build:
+    """The best prebuilt build of library name for this CPU, its bytes checked (not loaded).
 
     where defaults to the installed wheel's folder. Raises PrebuiltRefused saying why none
     can be used (the wheel missing included).
@@ -134,7 +134,12 @@ def load(name: str, digest: str, cpu: set[str], where: Path | None = None) -> ct
         raise PrebuiltRefused("the paged-llm-kernels package is not installed")
     build = choose(builds(where, name, digest), cpu)
     verify(build)
-    return open_build(build)
+    return build
+
+
+def load(name: str, digest: str, cpu: set[str], where: Path | None = None) -> ctypes.CDLL:
+    """The best prebuilt build of library name for this CPU, checked and loaded."""
+    return open_build(find(name, digest, cpu, where))
 
 
 def cpu_features(flags_line: bytes) -> set[str]:
