@@ -29,6 +29,7 @@ from paged_llm.engine.processor import (
     start_engine,
 )
 from paged_llm.engine.structured.json_bounds import JsonBounds
+from paged_llm.kernels.cpu.native_build import kernels_unavailable
 
 __all__ = [
     "AsyncEngine",
@@ -47,6 +48,7 @@ __all__ = [
     "TokenLogprob",
     "error_info",
     "first_compiled",
+    "kernels_unavailable",
     "runner_for",
     "sampling_params",
     "start_engine",

@@ -19,6 +19,9 @@ CPU_MODULES = ("numpy", "tokenizers", "jinja2", "gguf", "llguidance")
 # Import names the torch path checks for. torch is imported (a broken install fails only
 # then); the others are only looked up, so the check stays cheap.
 ENGINE_MODULES = ("torch", "transformers", "gguf", "accelerate")
+# The machines paged-llm-kernels (the prebuilt C kernels) and the cpu extra's packages with
+# native code (numpy, tokenizers, llguidance) publish Linux wheels for, glibc and musl.
+PREBUILT_MACHINES = ("x86_64", "aarch64")
 # Every import name of each extra, looked up by name (the integration's installer's view).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     CPU: CPU_MODULES,

@@ -64,7 +64,8 @@ def _engine_arguments(parser: argparse.ArgumentParser, positional_model: bool = 
         default="auto",
         choices=WEIGHT_CHOICES,
         help="linear weights: auto (a GGUF file's Q4/Q8 weights kept as they are on a float32 "
-        "CPU engine where a C compiler exists, else dense), float, q4 or q8 (also quantize a "
+        "CPU engine where the C kernels load (prebuilt, or built by a C compiler), else "
+        "dense), float, q4 or q8 (also quantize a "
         "float model; bfloat16 where the CPU has it, answers may differ slightly)",
     )
     group.add_argument(

@@ -70,15 +70,40 @@ def test_the_cpu_extra_is_the_numpy_runners_and_the_engine_extra_holds_it() -> N
     from paged_llm.extras import CPU_MODULES, EXTRA_MODULES
 
     extras = PYPROJECT["project"]["optional-dependencies"]
-    cpu = _names(extras["cpu"])
+    # The prebuilt kernels aside: a local build stands in for them where they do not install.
+    cpu = _names(extras["cpu"]) - {"paged-llm-kernels"}
     # Only what the numpy runner imports: nothing of the torch path's world.
     assert cpu == {"numpy", "tokenizers", "jinja2", "gguf", "llguidance"}
     # Each distribution's import name is its own here; the installer's checks rely on that.
     assert set(CPU_MODULES) == cpu
     # Listed again, not as "paged-llm[cpu]" (Home Assistant's installer ignores extras).
     assert set(extras["cpu"]) <= set(extras["engine"])
-    assert not any(req.startswith("paged-llm") for req in extras["engine"])
+    assert "paged-llm" not in _names(extras["engine"])
     assert set(EXTRA_MODULES["cpu"]) < set(EXTRA_MODULES["engine"])
+
+
+def test_both_extras_pin_this_releases_prebuilt_kernels_where_they_are_built() -> None:
+    """paged-llm-kernels of this very version (a build loads only for its own sources), on the
+    four platforms its wheels exist for: Linux (glibc and musl) on x86_64 and aarch64."""
+    from packaging.requirements import Requirement
+
+    project = PYPROJECT["project"]
+    for extra in ("cpu", "engine"):
+        reqs = [Requirement(r) for r in project["optional-dependencies"][extra]]
+        kernels = [r for r in reqs if r.name == "paged-llm-kernels"]
+        assert len(kernels) == 1
+        assert str(kernels[0].specifier) == f"=={project['version']}"
+        marker = kernels[0].marker
+        assert marker is not None
+        for system, machine, wanted in [
+            ("linux", "x86_64", True),
+            ("linux", "aarch64", True),
+            ("linux", "riscv64", False),
+            ("darwin", "arm64", False),
+            ("win32", "AMD64", False),
+        ]:
+            env = {"sys_platform": system, "platform_machine": machine}
+            assert marker.evaluate(env) is wanted
 
 
 def test_engine_without_torch_says_what_to_install(tmp_path: Path) -> None:

@@ -336,7 +336,11 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             task.result()
         except Exception as err:  # the choice form says why and offers the server
             LOGGER.warning("The engine could not be installed: %s", err)
-            self._install_failure = (install_error_key(err), str(err))
+            key = install_error_key(err)
+            if is_musl() and key == "engine_install_failed":
+                # A package without a musl build for this machine: the add-on serves here.
+                key = str(EngineState.MUSL)
+            self._install_failure = (key, str(err))
             return self.async_show_progress_done(next_step_id="user")
         return self.async_show_progress_done(next_step_id="embedded")
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from homeassistant.core import HomeAssistant
 
-from paged_llm.extras import CPU, ENGINE, EXTRA_MODULES, missing_modules
+from paged_llm.extras import CPU, ENGINE, EXTRA_MODULES, PREBUILT_MACHINES, missing_modules
 
 from .errors import EngineImportError, TorchUnavailableError
 
@@ -98,13 +98,24 @@ def musl_reason() -> str:
 
 
 def engine_state() -> tuple[EngineState, str]:
-    """The engine's state here and the reason behind it (blocking: imports the engine)."""
+    """The engine's state here and the reason behind it (blocking: imports the engine).
+
+    On musl (Home Assistant OS, the container image) the engine runs where the cpu extra's
+    packages and the prebuilt kernels are published (x86_64, aarch64): installed as on
+    glibc. Where they are not, or the kernels can neither load prebuilt nor be built (no
+    compiler there), the state is MUSL and its reason names what is missing.
+    """
     if missing := missing_modules(EXTRA_MODULES[CPU]):
-        if is_musl():
-            return EngineState.MUSL, musl_reason()
+        if is_musl() and (machine := platform.machine()) not in PREBUILT_MACHINES:
+            return EngineState.MUSL, (
+                f"the engine's packages with native code (numpy, tokenizers, llguidance) "
+                f"and its prebuilt kernels are published for x86_64 and aarch64, not {machine}"
+            )
         return EngineState.MISSING, ", ".join(missing)
     try:
-        import_engine_module()
+        engine = import_engine_module()
     except EngineImportError as err:
         return EngineState.ENGINE_UNAVAILABLE, str(err)
+    if is_musl() and (why := engine.kernels_unavailable()):
+        return EngineState.MUSL, why
     return EngineState.READY, ""

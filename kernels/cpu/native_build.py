@@ -1,6 +1,8 @@
-"""Build and load the engine's C kernels (gguf_kernels.c, cpu_attention.c, ...) on this machine.
+"""Load the engine's C kernels (gguf_kernels.c, cpu_attention.c, ...): prebuilt, or built here.
 
-Each source is built with ``$CC``, cc, gcc or clang (``-O3 -march=native``, OpenMP when
+The paged-llm-kernels wheel's build for this CPU is loaded first when it is installed and
+passes its checks (prebuilt.py); otherwise, the reason logged once, each source is built
+with ``$CC``, cc, gcc or clang (``-O3 -march=native``, OpenMP when
 the compiler has it, sharing torch's runtime) into a cache folder, keyed by the source,
 the compiler and the CPU, so a build is made once and never loaded on a CPU it was not
 made for. Loading says why it could not happen instead of raising: the engine then takes
@@ -16,16 +18,28 @@ three times (seconds each on a small machine).
 from __future__ import annotations
 
 import ctypes
-import functools
+import errno
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+
+from paged_llm.kernels.cpu import prebuilt
+from paged_llm.kernels.cpu.compiler import (
+    NATIVE,
+    compile_library,
+    cpu_flags,
+    find_compiler,
+    included,
+    source_digest,
+    sources,
+)
+from paged_llm.kernels.cpu.compiler import (
+    has_openmp as has_openmp,
+)
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -93,6 +107,32 @@ def forward(build_dir: Path) -> tuple[ctypes.CDLL | None, str | None]:
     return (None, reason) if reason is not None else (_FORWARD.get(), None)
 
 
+def kernels_unavailable() -> str | None:
+    """Why the CPU forward's kernels could be neither loaded prebuilt nor built here, or None.
+
+    Checked without loading or building anything (cheap: a manifest, one file's sha256 and
+    a look for a compiler), for a host to say so before it installs or loads an engine.
+    """
+    try:
+        prebuilt.find(
+            "cpu_forward",
+            source_digest(FORWARD_SOURCE),
+            prebuilt.cpu_features(cpu_flags()),
+        )
+        return None
+    except prebuilt.PrebuiltRefused as err:
+        why_not_prebuilt = str(err)
+    return None if find_compiler() is not None else _no_compiler(why_not_prebuilt)
+
+
+def _no_compiler(why_not_prebuilt: str) -> str:
+    """Why nothing can serve: no prebuilt library fits, and nothing can build one here."""
+    return (
+        f"no prebuilt kernels fit ({why_not_prebuilt}) and there is no C compiler "
+        "($CC, cc, gcc or clang) on PATH to build them"
+    )
+
+
 def load_part(build_dir: Path, source: Path, name: str) -> tuple[ctypes.CDLL | None, str | None]:
     """A library with ``source``'s functions: the forward library when it includes source.
 
@@ -108,25 +148,58 @@ def load_part(build_dir: Path, source: Path, name: str) -> tuple[ctypes.CDLL | N
 
 
 def load(build_dir: Path, source: Path, name: str) -> tuple[ctypes.CDLL | None, str | None]:
-    """Build ``source`` (once per source, compiler and CPU) as ``name-<key>.so`` and load it.
+    """The prebuilt ``name`` for this CPU if one fits, else a local build of ``source``.
 
-    Returns the library and None, or None and why not (no compiler, a failed build).
+    The prebuilt one comes from the paged-llm-kernels wheel, checked (sources, sha256,
+    the CPU's features, the library's own report); where it is missing or refused, the
+    reason is logged once and ``source`` is built here (once per source, compiler and CPU)
+    as ``name-<key>.so``. Returns the library and None, or None and why not (no compiler,
+    a failed build, no folder to build in), never raising.
     """
+    try:
+        lib = prebuilt.load(name, source_digest(source), prebuilt.cpu_features(cpu_flags()))
+        _LOGGER.debug("loaded the prebuilt %s from %s", name, lib._name)
+        return lib, None
+    except prebuilt.PrebuiltRefused as err:
+        why_not_prebuilt = str(err)
+    _log_once(name, why_not_prebuilt)
     compiler = find_compiler()
     if compiler is None:
-        return None, "no C compiler ($CC, cc, gcc or clang) on PATH"
+        return None, _no_compiler(why_not_prebuilt)
     try:
         path = build(compiler, build_dir, source, name)
-        return ctypes.CDLL(str(path)), None
-    except (OSError, subprocess.SubprocessError) as err:
+    except OSError as err:
+        if err.errno not in _NOT_WRITABLE:
+            _LOGGER.warning("could not build %s: %s", source.name, err)
+            return None, f"building them with {compiler} failed: {err}"
+        return None, (
+            f"no prebuilt kernels fit ({why_not_prebuilt}) and the folder to build them in "
+            f"is not writable: {err.filename or build_dir} ({err.strerror})"
+        )
+    except subprocess.SubprocessError as err:
         _LOGGER.warning("could not build %s: %s", source.name, err)
         return None, f"building them with {compiler} failed: {err}"
+    try:
+        return ctypes.CDLL(str(path)), None
+    except OSError as err:
+        return None, f"the library built with {compiler} does not load: {err}"
 
 
-def find_compiler() -> str | None:
-    """The C compiler to use: $CC, else the first of cc, gcc and clang on PATH."""
-    names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
-    return next((path for name in names if (path := shutil.which(name))), None)
+# A build folder that cannot be written: no permission, or a read-only file system.
+_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+# Libraries whose fallback was logged: a reason is said once per process, not per load.
+_LOGGED: set[str] = set()
+
+
+def _log_once(name: str, why: str) -> None:
+    """Say once per library why the prebuilt one is not used (the local build follows)."""
+    if name in _LOGGED:
+        return
+    _LOGGED.add(name)
+    # A missing wheel is a normal install (a developer's checkout); a refused one is not.
+    level = logging.INFO if "not installed" in why else logging.WARNING
+    _LOGGER.log(level, "not using the prebuilt %s kernels (%s): building them here", name, why)
 
 
 def build(compiler: str, build_dir: Path, source: Path, name: str) -> Path:
@@ -141,66 +214,7 @@ def build(compiler: str, build_dir: Path, source: Path, name: str) -> Path:
     if path.is_file():
         return path
     build_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # -ffp-contract=off: each product is rounded as torch rounds it (clang would fuse it).
-    base = [compiler, "-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC",
-            "-std=c11", str(source), "-lm"]  # fmt: skip
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    # OpenMP shares torch's runtime (the same libgomp); without it one core does the work.
-    # Only a compiler without OpenMP builds without it: trying the plain build after any
-    # failure once hid an OpenMP-only error in the code behind a one-thread library.
-    extra = ["-fopenmp"] if has_openmp(compiler) else []
-    done = subprocess.run(
-        [*base, *extra, "-o", str(tmp)], capture_output=True, text=True, timeout=120
-    )
-    if done.returncode != 0:
-        raise subprocess.SubprocessError(done.stderr.strip()[-500:] or f"exit {done.returncode}")
-    os.replace(tmp, path)
+    if not os.access(build_dir, os.W_OK):  # else the compiler's own message says it less well
+        raise PermissionError(errno.EACCES, "permission denied", str(build_dir))
+    compile_library(compiler, source, path, NATIVE)
     return path
-
-
-@functools.cache
-def has_openmp(compiler: str) -> bool:
-    """Whether ``compiler`` builds a shared library with -fopenmp (a tiny one, once)."""
-    with tempfile.TemporaryDirectory(prefix="paged-llm-openmp-") as tmp:
-        source = Path(tmp) / "probe.c"
-        source.write_text("#include <omp.h>\nint threads(void) { return omp_get_max_threads(); }\n")
-        command = [compiler, "-fopenmp", "-shared", "-fPIC", str(source), "-o", f"{tmp}/probe.so"]
-        try:
-            done = subprocess.run(command, capture_output=True, timeout=60)
-        except (OSError, subprocess.SubprocessError):
-            return False
-        return done.returncode == 0
-
-
-def sources(source: Path) -> list[bytes]:
-    """The bytes of source and of every file it includes with quotes, at any depth.
-
-    A library built from one file that includes others (cpu_forward.c) is rebuilt when
-    any of them changes.
-    """
-    return [path.read_bytes() for path in included(source)]
-
-
-def included(source: Path) -> list[Path]:
-    """Source and every file it includes with quotes, at any depth (resolved paths)."""
-    seen: list[Path] = []
-    todo = [source.resolve()]
-    while todo:
-        path = todo.pop()
-        if path in seen:
-            continue
-        seen.append(path)
-        for line in path.read_text().splitlines():
-            if line.startswith('#include "'):  # relative to the including file, as cc reads it
-                todo.append((path.parent / line.split('"')[1]).resolve())
-    return seen
-
-
-def cpu_flags() -> bytes:
-    """The CPU's feature flags (a build with -march=native is only good for them)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return b""
-    flags = (line for line in text.splitlines() if line.startswith(("flags", "Features")))
-    return next(flags, "").encode()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,13 +11,31 @@ import torch
 import torch.nn.functional as F
 
 from paged_llm.engine.model.quant import Q4Float32Linear, quantize_q4
-from paged_llm.kernels.cpu import native_build
+from paged_llm.kernels.cpu import native_build, prebuilt
 from paged_llm.kernels.cpu import quant as cpu_quant
 
 pytestmark = pytest.mark.skipif(
     cpu_quant.unavailable() is not None,
     reason=f"no quantized CPU kernels: {cpu_quant.unavailable()}",
 )
+
+
+@pytest.fixture(autouse=True)
+def local_builds_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are of the local build: an installed paged-llm-kernels is not looked at
+    (tests/kernels/test_prebuilt.py tests that path)."""
+    monkeypatch.setattr(prebuilt, "folder", lambda: None)
+
+
+def copy_source(folder: Path, text: str) -> Path:
+    """A copy of cpu_quant.c (as text) in folder, with the header it includes beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(cpu_quant.SOURCE.with_name("cpu_needs.h"), folder / "cpu_needs.h")
+    path = folder / "cpu_quant.c"
+    path.write_text(text)
+    return path
+
+
 ROWS = [1, 3, cpu_quant.DENSE_ROWS, cpu_quant.DENSE_ROWS + 1, cpu_quant.MAX_ROWS + 1, 70]
 
 
@@ -148,7 +167,8 @@ def test_without_a_compiler_it_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("PATH", str(tmp_path))
     assert cpu_quant.load_library(tmp_path) == (
         None,
-        "no C compiler ($CC, cc, gcc or clang) on PATH",
+        "no prebuilt kernels fit (the paged-llm-kernels package is not installed) and there "
+        "is no C compiler ($CC, cc, gcc or clang) on PATH to build them",
     )
 
 
@@ -187,8 +207,7 @@ def test_the_default_build_folder_is_the_users_own_cache(
 
 def test_another_version_of_the_source_builds_beside_the_engines(tmp_path: Path) -> None:
     """A benchmark can load an older kernel next to the current one: each source its own build."""
-    other = tmp_path / "other.c"
-    other.write_text(cpu_quant.SOURCE.read_text() + "\n/* another version */\n")
+    other = copy_source(tmp_path / "other", cpu_quant.SOURCE.read_text() + "\n/* another */\n")
     first, _ = cpu_quant.load_library(tmp_path / "build")
     second, reason = cpu_quant.load_library(tmp_path / "build", other)
     assert reason is None
@@ -217,8 +236,7 @@ def library(
     source = cpu_quant.SOURCE.read_text()
     for macro in _NARROWER.get(request.param, []):
         source = source.replace(macro, f"__HIDDEN{macro}")
-    path = tmp_path_factory.mktemp(request.param) / "cpu_quant.c"
-    path.write_text(source)
+    path = copy_source(tmp_path_factory.mktemp(request.param), source)
     lib, reason = cpu_quant.load_library(path.parent / "build", path)
     assert lib is not None, reason
     return request.param, lib

@@ -1,6 +1,6 @@
 """The GGUF block kernels: GGUF's dequantization bit for bit, products within stated float
 bounds of a float64 oracle, the same bits for a row alone or in any batch, and the C self-test
-on every path the machine reaches (native, portable, aarch64 under qemu)."""
+on every path the machine reaches (native, portable, aarch64 under qemu, musl)."""
 
 from __future__ import annotations
 
@@ -313,3 +313,15 @@ def test_the_c_self_test_passes_on_aarch64() -> None:
             pytest.skip(f"no {' or '.join(missing)} (apt-get install gcc-aarch64-linux-gnu "
                         "qemu-user-static)")  # fmt: skip
     _self_test("aarch64")
+
+
+def test_the_c_self_test_passes_with_musl() -> None:
+    """Built with musl-gcc (musl-tools; static, one thread: no musl OpenMP runtime here), as
+    Home Assistant OS's C library runs it: this CPU's path and the portable one, bit for bit
+    against the reference routines like the glibc builds. aarch64 with musl is not built here:
+    Debian ships no aarch64 musl toolchain without adding arm64 as a foreign architecture."""
+    if platform.machine() != "x86_64":
+        pytest.skip(f"musl-gcc builds for x86_64 here; this is {platform.machine()}")
+    if not shutil.which("musl-gcc"):
+        pytest.skip("no musl-gcc (apt-get install musl-tools)")
+    _self_test("musl")

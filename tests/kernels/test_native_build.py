@@ -23,7 +23,7 @@ def test_the_forward_includes_every_kernel_source() -> None:
     src = native_build.FORWARD_SOURCE.parent
     parts = {p.resolve() for p in src.rglob("*.[ch]") if p.name not in APART}
     assert {cpu_forward.SOURCE, cpu_attention.SOURCE, gguf_kernels.SOURCE} <= parts
-    assert {src / "gguf_kernels.h", src / "arch/x86/gguf_avx2.c"} <= parts
+    assert {src / "gguf_kernels.h", src / "cpu_needs.h", src / "arch/x86/gguf_avx2.c"} <= parts
     assert set(native_build.included(native_build.FORWARD_SOURCE)) == parts
 
 

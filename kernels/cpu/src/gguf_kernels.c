@@ -7,6 +7,8 @@
  *   gguf_kernels.h         the block and activation formats, the float combination every
  *                          path follows, the path this build takes and the kernels it
  *                          supplies, the exports' declarations;
+ *   cpu_needs.h            paged_llm_cpu_needs(): the CPU features this build needs (the
+ *                          prebuilt wheel's loader checks it);
  *   gguf_portable.c        portable C: sizes, activation quantization, dequantization and
  *                          the reference products (the path where no SIMD one exists);
  *   arch/x86/gguf_avx2.c   AVX2 (VNNI where there): one weight row by a few activation
@@ -27,6 +29,7 @@
  * portable reference.
  */
 #include "gguf_kernels.h"
+#include "cpu_needs.h"
 
 #include "gguf_portable.c"
 

@@ -8,7 +8,9 @@ a test blocked importable again.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import re
 import sys
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ from typing import Any
 from unittest.mock import patch
 
 import pytest
+import yaml
 from homeassistant import config_entries
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import CONF_DEVICE, CONF_MODEL
@@ -90,8 +93,10 @@ def installer_for(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def test_the_cpu_extra_holds_no_torch_and_the_engine_extra_holds_it_all() -> None:
-    names = {req.split(">")[0].split("<")[0] for req in CPU_REQUIREMENTS}
-    assert names == set(CPU_MODULES)
+    names = {re.split(r"[<>=]", req)[0] for req in CPU_REQUIREMENTS}
+    # The prebuilt kernels come with it where they are built for (not a module the runner
+    # needs: a local build stands in for them).
+    assert names - {"paged-llm-kernels"} == set(CPU_MODULES)
     assert set(CPU_REQUIREMENTS) < set(ENGINE_REQUIREMENTS)
     assert {"torch>=2.9", "transformers<6,>=5.0"} <= set(ENGINE_REQUIREMENTS)
 
@@ -268,3 +273,122 @@ async def test_a_failed_torch_install_is_named_on_the_engine_form(
     assert result["errors"] == {"base": "engine_install_failed"}
     assert "torch" in result["description_placeholders"]["reason"]
     assert installer.asked == [ENGINE_REQUIREMENTS]
+
+
+# ---- musl (Home Assistant OS, the container image) -----------------------------------------
+
+
+@pytest.fixture
+def musl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This Home Assistant uses musl, as Home Assistant OS does (its C library is all that
+    differs for the integration: the packages and kernels are this machine's own)."""
+    monkeypatch.setattr("custom_components.paged_llm.engine_import.is_musl", lambda: True)
+    monkeypatch.setattr("custom_components.paged_llm.config_flow.is_musl", lambda: True)
+
+
+def no_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither a prebuilt kernels wheel nor a C compiler, as on Home Assistant OS before the
+    kernels were published."""
+    from paged_llm.kernels.cpu import native_build, prebuilt
+
+    monkeypatch.setattr(prebuilt, "folder", lambda: None)
+    monkeypatch.setattr(native_build, "find_compiler", lambda: None)
+
+
+def musl_refusal() -> str:
+    """The refusal's English text, as strings.json gives it."""
+    strings = json.loads((Path(__file__).parents[3] / STRINGS).read_text())
+    return str(strings["config"]["error"]["embedded_musl"])
+
+
+STRINGS = "custom_components/paged_llm/strings.json"
+
+
+@pytest.mark.usefixtures("musl")
+async def test_on_musl_the_engine_installs_and_runs_where_its_kernels_do(
+    hass: HomeAssistant, engine_settings: dict[str, Any], installer_for: Any
+) -> None:
+    """ "On this Home Assistant" is offered on musl: the cpu extra is installed (its packages
+    publish musllinux wheels), the kernels load, the entry runs the bundled GGUF model."""
+    installer = installer_for("torch", "llguidance")
+    result = await _embedded(hass)
+    assert result["step_id"] == "install"
+    result = await _finish(hass, result)
+    assert installer.asked == [CPU_REQUIREMENTS]
+    assert result["step_id"] == "embedded"
+    settings = {**engine_settings, CONF_MODEL: DEFAULT_MODEL, "kv_budget_mib": 16}
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"], form_values({**settings, "max_model_len": 512})
+    )
+    result = await _finish(hass, result)
+    assert result["type"] is FlowResultType.CREATE_ENTRY, result
+    await hass.async_block_till_done()
+    assert result["result"].state is ConfigEntryState.LOADED
+
+
+@pytest.mark.usefixtures("musl")
+async def test_on_musl_without_kernels_the_form_names_it_and_points_to_the_addon(
+    hass: HomeAssistant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No prebuilt kernels and no compiler: only the server is offered, the reason says both,
+    and the text sends the user to the add-on (not to `paged-llm serve`)."""
+    no_kernels(monkeypatch)
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN, context={"source": config_entries.SOURCE_USER}
+    )
+    assert result["errors"] == {"base": "embedded_musl"}
+    assert result["data_schema"].schema["backend"].config["options"] == ["remote"]
+    reason = result["description_placeholders"]["reason"]
+    assert "the paged-llm-kernels package is not installed" in reason
+    assert "no C compiler" in reason
+    text = musl_refusal()
+    assert "{reason}" in text
+    assert "Paged LLM app (add-on)" in text
+    assert "paged-llm serve" not in text
+
+
+@pytest.mark.usefixtures("musl")
+async def test_on_musl_a_package_that_does_not_install_is_named_with_the_addon(
+    hass: HomeAssistant, installer_for: Any
+) -> None:
+    """A package without a musllinux wheel for this machine: the install fails, the choice
+    form names it under the musl refusal (the add-on), and offers the server only."""
+    installer = installer_for("torch", "llguidance")
+    installer.fail = True
+    result = await _embedded(hass)
+    result = await _finish(hass, result)
+    assert result["step_id"] == "user"
+    assert result["errors"] == {"base": "embedded_musl"}
+    assert result["data_schema"].schema["backend"].config["options"] == ["remote"]
+    assert "llguidance" in result["description_placeholders"]["reason"]
+
+
+@pytest.mark.usefixtures("musl")
+async def test_on_musl_a_machine_without_builds_is_refused_before_any_install(
+    hass: HomeAssistant, installer_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a musl machine the packages are not published for, nothing is installed: the form
+    says which machine and points to the add-on."""
+    installer = installer_for("torch", "llguidance")
+    monkeypatch.setattr(
+        "custom_components.paged_llm.engine_import.platform.machine", lambda: "riscv64"
+    )
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN, context={"source": config_entries.SOURCE_USER}
+    )
+    assert result["errors"] == {"base": "embedded_musl"}
+    assert "not riscv64" in result["description_placeholders"]["reason"]
+    assert installer.asked == []
+
+
+def test_the_refusal_names_the_addons_hostname_for_this_repository() -> None:
+    """The host in the refusal is the Supervisor's for this repository's add-on: the first 8
+    hex digits of the sha1 of the repository's URL, a hyphen, the slug with hyphens."""
+    root = Path(__file__).parents[3]
+    url = yaml.safe_load((root / "repository.yaml").read_text())["url"]
+    slug = yaml.safe_load((root / "addon" / "config.yaml").read_text())["slug"]
+    host = f"{hashlib.sha1(url.lower().encode()).hexdigest()[:8]}-{slug.replace('_', '-')}"
+    for path in [root / STRINGS, *sorted((root / STRINGS).parent.glob("translations/*.json"))]:
+        text = json.loads(path.read_text())["config"]["error"]["embedded_musl"]
+        assert f"http://{host}:8000" in text, path.name
+        assert url in text, path.name
