@@ -24,6 +24,8 @@ KERNELS = Path(os.environ.get("PAGED_LLM_KERNELS_SOURCE", HERE.parent / "kernels
 # The libraries the engine loads: forward (with the GGUF and attention kernels) and quant.
 LIBRARIES = {"cpu_forward": "src/cpu_forward.c", "cpu_quant": "src/cpu_quant.c"}
 MANIFEST_FORMAT = 1
+# Names of the builds to make (space-separated), where not all of this machine's are wanted.
+VARIANTS_ENV = "PAGED_LLM_KERNELS_VARIANTS"
 
 
 class BuildError(Exception):
@@ -63,6 +65,11 @@ def write_libraries(
         variants = compiler_py.VARIANTS.get(machine())
         if variants is None:
             raise BuildError(f"no builds are defined for {machine()}")
+        # A wheel for one machine only (tests that install it): the builds named, best first.
+        if only := os.environ.get(VARIANTS_ENV, "").split():
+            variants = tuple(v for v in variants if v[0] in only)
+            if not variants:
+                raise BuildError(f"{VARIANTS_ENV}={' '.join(only)} names no build of {machine()}")
     out.mkdir(parents=True, exist_ok=True)
 
     def build(job: tuple[str, str, tuple[str, ...]]) -> None:

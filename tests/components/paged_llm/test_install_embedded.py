@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ from tests.components.paged_llm.test_install import (
     _run,
 )
 from tests.helpers.home_assistant import free_port, kill
+from tests.helpers.kernels_wheel import kernels_wheel
 from tests.helpers.package_index import Index, serve_index
 from tests.helpers.support import CACHE
 
@@ -146,6 +148,9 @@ def test_every_default_on_a_fresh_core_install_loads_and_answers(
     extra = _closure(CPU_EXTRA_ROOTS)
     for name in extra:
         _repack_installed(name, wheels)
+    # The extra pins the prebuilt kernels on Linux x86-64 and aarch64, as a release has them.
+    if (built := kernels_wheel()) is not None:
+        shutil.copy(built, wheels)
     # Home Assistant must install the extra itself: none of it may be there before, but
     # numpy, which Home Assistant's own camera component brings (PyTurboJPEG).
     venv = _home_assistant_only(tmp_path / "ha", without=frozenset(map(_key, extra)))
