@@ -37,6 +37,7 @@ from tokenizers.models import BPE
 
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model.gguf_metadata import MetadataReader, Unreadable
+from paged_llm.engine.tokenizer.chat_template import gguf_templates
 from paged_llm.engine.tokenizer.merges_cache import Merges, cached_merges, merges_key
 from paged_llm.extras import ENGINE_EXTRA
 
@@ -132,7 +133,7 @@ class Vocabulary:
     special_ids: dict[str, int]  # bos/eos/unk/pad token name -> id, those the file names
     add_bos_token: bool | None
     add_eos_token: bool | None
-    chat_template: str | None
+    chat_template: str | dict[str, str] | None  # several: by name, as transformers holds them
 
 
 def read_vocabulary(path: str | Path, reader: MetadataReader | None = None) -> Vocabulary:
@@ -172,7 +173,7 @@ def read_vocabulary(path: str | Path, reader: MetadataReader | None = None) -> V
         special_ids=special_ids,
         add_bos_token=flag("tokenizer.ggml.add_bos_token"),
         add_eos_token=flag("tokenizer.ggml.add_eos_token"),
-        chat_template=values.get("tokenizer.chat_template"),
+        chat_template=gguf_templates(values),
     )
 
 

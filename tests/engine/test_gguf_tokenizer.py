@@ -93,7 +93,7 @@ def write_tokenizer_gguf(
     pre: str | None = None,
     special: dict[str, int] | None = None,
     flags: dict[str, bool] | None = None,
-    template: str | None = None,
+    template: str | list[dict[str, str]] | None = None,
 ) -> Path:
     """A GGUF file of a tokenizer and the few config fields transformers needs to load it."""
     writer = gguf.GGUFWriter(str(path), arch)
@@ -854,3 +854,20 @@ def test_the_key_covers_what_the_derivation_reads(monkeypatch: pytest.MonkeyPatc
     others.append(merges_cache.merges_key(tokens, ranks, "scores"))
     assert len({key, *others}) == len(others) + 1
 
+
+def test_named_chat_templates_are_read(tmp_path: Path) -> None:
+    """tokenizer.chat_template.<name> as llama.cpp's converter writes it: a dict by name."""
+    vocab, tool_use = byte_level_vocab(), TEMPLATE + "{{ tools | length }}"
+    path = write_tokenizer_gguf(
+        tmp_path / "named.gguf", "qwen2", "gpt2", vocab.tokens, vocab.types,
+        merges=vocab.merges, pre="qwen2", special={"eos": 2},
+        template=[
+            {"name": "tool_use", "template": tool_use}, {"name": "default", "template": TEMPLATE}
+        ],
+    )  # fmt: skip
+    want = {"default": TEMPLATE, "tool_use": tool_use}
+    assert gguf_tokenizer.read_vocabulary(path).chat_template == want
+    assert GGUFTokenizer.from_gguf(path).chat_template == want
+    # transformers' GGUF loader reads tokenizer.chat_template alone: the torch path's
+    # tokenizer has only the default (why the numpy path does not compare with it here)
+    assert transformers_tokenizer(path).chat_template == TEMPLATE
