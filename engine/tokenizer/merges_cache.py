@@ -17,7 +17,7 @@ import logging
 import os
 import tempfile
 from array import array
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -41,7 +41,7 @@ def merges_key(tokens: Sequence[str], ranks: Sequence[float], ranking: str) -> s
     return digest.hexdigest()
 
 
-def _read(path: Path, vocab: Container[str]) -> Merges | None:
+def _read(path: Path, vocab: Mapping[str, int]) -> Merges | None:
     """The merges kept at ``path``; None (logged at debug) when missing, unreadable or corrupt."""
     try:
         flat = json.loads(path.read_bytes())
@@ -51,12 +51,13 @@ def _read(path: Path, vocab: Container[str]) -> Merges | None:
         _LOGGER.debug("tokenizer cache %s unreadable, rebuilding: %s", path, err)
         return None
     # A damaged entry must not reach BPE(), which would refuse the model: every item must
-    # be a token of this vocabulary, paired.
-    if (
-        not isinstance(flat, list)
-        or len(flat) % 2
-        or not all(isinstance(token, str) and token in vocab for token in flat)
-    ):
+    # be a token of this vocabulary, paired. One set comparison checks them all (a number
+    # is no vocabulary key; a list is unhashable): a Python loop would cost most of a read.
+    try:
+        valid = isinstance(flat, list) and not len(flat) % 2 and vocab.keys() >= set(flat)
+    except TypeError:
+        valid = False
+    if not valid:
         _LOGGER.debug("tokenizer cache %s is not this vocabulary's merges, rebuilding", path)
         return None
     pairs = iter(flat)
@@ -85,13 +86,13 @@ def _write(path: Path, merges: Merges) -> None:
 def cached_merges(
     folder: Path | None,
     key: str,
-    vocab: Container[str],
+    vocab: Mapping[str, int],
     derive: Callable[[], Merges],
 ) -> Merges:
     """The merges under ``key`` in ``folder``, else ``derive()``'s, kept there for next time.
 
-    ``folder`` None means no cache: ``derive()`` every time. ``vocab`` is what a kept entry's
-    tokens are checked against.
+    ``folder`` None means no cache: ``derive()`` every time. ``vocab`` (token -> id) is what a kept
+    entry's tokens are checked against.
     """
     if folder is None:
         return derive()
