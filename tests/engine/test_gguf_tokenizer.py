@@ -236,21 +236,32 @@ def big_byte_level_vocab(size: int = 151_936) -> Vocab:
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [spell[b] for b in range(256)]
     # mostly ASCII letters and spaces, so real text meets the merges
     common = [spell[b] for b in b" etaoinshrdlucmfwypvbgkqjxz" + bytes(range(65, 91))]
-    seen, merges = set(tokens), []
-    short = list(common)
-    while len(tokens) < size:
-        left = rng.choice(short) if rng.random() < 0.7 else tokens[rng.randrange(3, len(tokens))]
-        right = rng.choice(common) if rng.random() < 0.8 else rng.choice(short)
-        token = left + right
-        if token in seen or len(token) > 16:
-            continue
-        seen.add(token)
-        tokens.append(token)
-        merges.append(f"{left} {right}")
-        if len(token) < 6:
-            short.append(token)
+    merges = [f"{left} {right}" for left, right in grow_pieces(rng, tokens, common, size, 3)]
     types = [CONTROL] * 3 + [NORMAL] * (len(tokens) - 3)
     return Vocab(tokens, types, merges=merges)
+
+
+def grow_pieces(
+    rng: random.Random, pool: list[str], letters: list[str], size: int, first: int
+) -> list[tuple[str, str]]:
+    """Grow ``pool`` to ``size`` tokens, each new one two already there joined; the joins.
+
+    Mostly a short piece and one of ``letters``, so real text meets them; a left side may be
+    any token from ``pool[first]`` on (not the special tokens before it).
+    """
+    known, short, joins = set(pool), list(letters), []
+    while len(pool) < size:
+        left = rng.choice(short) if rng.random() < 0.7 else pool[rng.randrange(first, len(pool))]
+        right = rng.choice(letters) if rng.random() < 0.8 else rng.choice(short)
+        token = left + right
+        if token in known or len(token) > 16:
+            continue
+        known.add(token)
+        pool.append(token)
+        joins.append((left, right))
+        if len(token) < 6:
+            short.append(token)
+    return joins
 
 
 TEMPLATE = (
@@ -686,18 +697,9 @@ def big_sentencepiece_vocab(size: int = 262_144, seed: int = 5) -> Vocab:
     tokens = [t for t, _ in head] + [f"<0x{b:02X}>" for b in range(256)]
     types = [k for _, k in head] + [BYTE] * 256
     letters = list(dict.fromkeys(SPIECE + "etaoinshrdlucmfwypvbgkqjxzäöüßETAOIN0123456789.,"))
-    body, short = list(letters), list(letters)
-    seen = set(tokens) | set(body)
-    while len(tokens) + len(body) < size:
-        left = rng.choice(short) if rng.random() < 0.7 else body[rng.randrange(len(body))]
-        right = rng.choice(letters) if rng.random() < 0.8 else rng.choice(short)
-        token = left + right
-        if token in seen or len(token) > 16:
-            continue
-        seen.add(token)
-        body.append(token)
-        if len(token) < 6:
-            short.append(token)
+    pool = tokens + letters
+    grow_pieces(rng, pool, letters, size, len(tokens))
+    body = pool[len(tokens) :]
     scores = [0.0] * len(tokens) + [-float(rank // 2) for rank in range(len(body))]
     return Vocab(tokens + body, types + [NORMAL] * len(body), scores=scores)
 
