@@ -289,11 +289,9 @@ class ChatTemplate:
                 line = (
                     f" (line {err.lineno})" if isinstance(err, jinja2.TemplateSyntaxError) else ""
                 )
-                which = (
-                    f"the {name!r} chat template"
-                    if isinstance(source, Mapping)
-                    else ("the chat template")
-                )
+                which = "the chat template"
+                if isinstance(source, Mapping):
+                    which = f"the {name!r} chat template"
                 raise ModelLoadError(
                     f"{which} of {model} does not compile with jinja2{line}: {err}; "
                     f"{ENGINE_EXTRA} (the torch path) runs it"
@@ -349,7 +347,7 @@ class ChatTemplate:
             return DEFAULT
         raise InvalidArgument(
             "chat_template",
-            f"{self.model} has several chat templates and no default: name one of "
+            f"{self.model} has no default chat template; name one of "
             f"{', '.join(sorted(self.sources))}",
         )
 

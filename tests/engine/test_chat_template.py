@@ -649,7 +649,9 @@ def test_several_templates_and_no_default_is_refused_as_transformers_refuses(
     monkeypatch.setattr(oracle, "chat_template", templates)
     with pytest.raises(ValueError, match="no default"):
         oracle.get_chat_template(None, None)
-    with pytest.raises(InvalidArgument, match="no default: name one of rag, tool_use") as caught:
+    with pytest.raises(
+        InvalidArgument, match="no default chat template; name one of rag, tool_use"
+    ) as caught:
         ChatTemplate(templates, model="m.gguf").render([USER])
     assert caught.value.argument == "chat_template"
 
