@@ -30,6 +30,7 @@ from paged_llm.protocol.responses import (
     tool_call_deltas,
 )
 from paged_llm.protocol.tool_calls import ToolCallStream
+from paged_llm.protocol.tool_prompt import template_source
 
 from . import logprobs as lp
 from . import sse
@@ -96,7 +97,8 @@ async def _prepare(
     _check_model(host, body.model)
     engine = host.engine  # a 503 while loading, before any work
     ids = await tokenize(host, body)
-    template = getattr(engine.tokenizer, "chat_template", None)
+    # A model with several templates (a dict by name) shows its tool format in tool_use's
+    template = template_source(getattr(engine.tokenizer, "chat_template", None))
     params = sampling_params(body, len(ids), host.max_request_tokens, default_max, template)
     if isinstance(body, ChatRequest) and body.tool_grammar:
         from paged_llm.engine.api import first_compiled

@@ -34,6 +34,7 @@ from paged_llm.engine.model.gguf_metadata import MetadataReader, Unreadable
 from paged_llm.engine.model.loaded import NUMPY, LoadedModel
 from paged_llm.engine.model.memory import available_memory
 from paged_llm.engine.model.progress import Progress, part
+from paged_llm.engine.tokenizer import merges_cache
 from paged_llm.extras import ENGINE_EXTRA
 from paged_llm.kernels.cpu import forward as cpu_forward
 from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
@@ -149,6 +150,11 @@ def _refusal(path: Path, what: str) -> ModelLoadError:
 def kernels_dir(config: EngineConfig) -> Path | None:
     """Where the C kernels are built: the cache folder's kernels/, else their default."""
     return None if config.cache_dir is None else config.cache_dir / "kernels"
+
+
+def tokenizers_dir(config: EngineConfig) -> Path | None:
+    """Where derived tokenizer merges are kept: the cache folder's tokenizers/, else nowhere."""
+    return None if config.cache_dir is None else config.cache_dir / merges_cache.FOLDER
 
 
 def read_weights(
@@ -304,7 +310,7 @@ def load_cpu_model(config: EngineConfig, progress: Progress | None = None) -> Lo
     model_config = config_of(reader.values(), [t.name for t in reader.tensors])
     weights = read_weights(path, model_config, part(progress, 0.1), reader)
     vocab = read_vocabulary(path, reader)
-    tokenizer = GGUFTokenizer(vocab, path)
+    tokenizer = GGUFTokenizer(vocab, path, tokenizers_dir(config))
     if model_config.ignored:
         _LOGGER.info(
             "%s: keys transformers ignores are ignored here too: %s",

@@ -1,6 +1,10 @@
 """A model's chat template rendered with jinja2 as transformers' ``apply_chat_template`` does.
 
-The template is the Jinja string a GGUF file keeps under ``tokenizer.chat_template``.
+The template is the Jinja string a GGUF file keeps under ``tokenizer.chat_template``; a file
+may keep others by name under ``tokenizer.chat_template.<name>`` (llama.cpp's converter writes
+a model's ``tool_use`` or ``rag`` template there). Several templates are held as transformers
+holds them, a dict by name with the file's own under ``default``, and one is chosen per request
+by transformers' rule (``get_chat_template``).
 Models are tuned on the exact text their template writes, so it has to come out byte for
 byte as transformers renders it (``tokenize=False``): the same sandbox and whitespace
 rules, the same globals and ``tojson`` filter, and the same preparation of the messages,
@@ -25,8 +29,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from paged_llm.engine.errors import InvalidArgument, ModelLoadError
 from paged_llm.extras import ENGINE_EXTRA
 
-# Where a GGUF file keeps its template.
+# Where a GGUF file keeps its template, and its other templates by name after the dot.
 GGUF_KEY: Final = "tokenizer.chat_template"
+NAMED_PREFIX: Final = GGUF_KEY + "."
+# transformers' names: the template used unless another is named, and the one for tools.
+DEFAULT: Final = "default"
+TOOL_USE: Final = "tool_use"
 # The named special tokens transformers hands every template as variables.
 SPECIAL_TOKEN_NAMES: Final = (
     "bos_token",
@@ -211,12 +219,37 @@ def _tools(tools: Sequence[Mapping[str, Any]] | None) -> list[Any] | None:
     return plain
 
 
+def gguf_templates(metadata: Mapping[str, Any]) -> str | dict[str, str] | None:
+    """A GGUF file's templates in the shape of transformers' ``tokenizer.chat_template``.
+
+    The one template as a string when the file has no named ones; else a dict by name with
+    ``tokenizer.chat_template`` (when there) as ``default``. None when the file has none.
+    """
+    named = {
+        key.removeprefix(NAMED_PREFIX): value
+        for key, value in metadata.items()
+        if key.startswith(NAMED_PREFIX) and isinstance(value, str)
+    }
+    default = metadata.get(GGUF_KEY)
+    if not named:
+        return default if isinstance(default, str) else None
+    return {DEFAULT: default, **named} if isinstance(default, str) else named
+
+
+def _missing(model: str) -> ModelLoadError:
+    """The error for a model without a template to render."""
+    return ModelLoadError(
+        f"{model} has no chat template ({GGUF_KEY} is missing or empty), and this path "
+        f"renders only a model's own template; {ENGINE_EXTRA} (the torch path) runs it"
+    )
+
+
 class ChatTemplate:
-    """One model's chat template, compiled once, rendered per request."""
+    """One model's chat templates, compiled once, one chosen and rendered per request."""
 
     def __init__(
         self,
-        source: str | None,
+        source: str | Mapping[str, str] | None,
         *,
         special_tokens: Mapping[str, str] | None = None,
         clock: Callable[[], datetime] = datetime.now,
@@ -224,25 +257,45 @@ class ChatTemplate:
     ) -> None:
         """Compile ``source``; ``special_tokens`` (``bos_token``…) become template variables.
 
-        ``clock`` gives the time ``strftime_now`` prints; ``model`` names the model in errors.
-        Raises ModelLoadError when the template is missing or does not compile.
+        ``source`` is one template, or several by name as transformers keeps them (see
+        ``gguf_templates``). ``clock`` gives the time ``strftime_now`` prints; ``model``
+        names the model in errors. Raises ModelLoadError when there is no template or one
+        does not compile.
         """
-        if not isinstance(source, str) or not source.strip():
+        if isinstance(source, Mapping):
+            sources = {str(name): text for name, text in source.items()}
+        else:
+            sources = {DEFAULT: source} if isinstance(source, str) else {}
+        empty = sorted(
+            n for n, text in sources.items() if not (isinstance(text, str) and text.strip())
+        )
+        if not sources or DEFAULT in empty:
+            raise _missing(model)
+        if empty:
             raise ModelLoadError(
-                f"{model} has no chat template ({GGUF_KEY} is missing or empty), and this path "
-                f"renders only a model's own template; {ENGINE_EXTRA} (the torch path) runs it"
+                f"the chat template {empty[0]!r} of {model} is empty ({NAMED_PREFIX}{empty[0]}); "
+                f"{ENGINE_EXTRA} (the torch path) runs the model with its default template"
             )
         self.source = source
+        self.sources: dict[str, str] = sources
         self.model = model
         self.special_tokens = {name: str(token) for name, token in (special_tokens or {}).items()}
-        try:
-            self._template = _environment(clock).from_string(source)
-        except jinja2.TemplateError as err:
-            where = f" (line {err.lineno})" if isinstance(err, jinja2.TemplateSyntaxError) else ""
-            raise ModelLoadError(
-                f"the chat template of {model} does not compile with jinja2{where}: {err}; "
-                f"{ENGINE_EXTRA} (the torch path) runs it"
-            ) from err
+        env = _environment(clock)
+        self._templates: dict[str, jinja2.Template] = {}
+        for name, text in sources.items():
+            try:
+                self._templates[name] = env.from_string(text)
+            except jinja2.TemplateError as err:
+                line = (
+                    f" (line {err.lineno})" if isinstance(err, jinja2.TemplateSyntaxError) else ""
+                )
+                which = "the chat template"
+                if isinstance(source, Mapping):
+                    which = f"the {name!r} chat template"
+                raise ModelLoadError(
+                    f"{which} of {model} does not compile with jinja2{line}: {err}; "
+                    f"{ENGINE_EXTRA} (the torch path) runs it"
+                ) from err
 
     @classmethod
     def from_gguf(
@@ -270,7 +323,33 @@ class ChatTemplate:
                 index = metadata.get(key)
                 if isinstance(index, int) and 0 <= index < len(tokens):
                     special[name] = str(tokens[index])
-        return cls(metadata.get(GGUF_KEY), special_tokens=special, clock=clock, model=model)
+        return cls(gguf_templates(metadata), special_tokens=special, clock=clock, model=model)
+
+    def choose(self, chat_template: str | None = None, tools: object = None) -> str:
+        """The name of the template a request renders with: transformers' choice.
+
+        A name the caller gives; else ``tool_use`` when ``tools`` is given (not None, as
+        transformers tests it) and the model has it; else ``default``. Unlike transformers,
+        a name the model lacks is refused, not compiled as a template's own text: a request
+        never runs Jinja code of its own.
+        """
+        if chat_template is not None:
+            if chat_template in self.sources:
+                return chat_template
+            raise InvalidArgument(
+                "chat_template",
+                f"{self.model} has no chat template named {chat_template!r}; its templates: "
+                f"{', '.join(sorted(self.sources))}",
+            )
+        if tools is not None and TOOL_USE in self.sources:
+            return TOOL_USE
+        if DEFAULT in self.sources:
+            return DEFAULT
+        raise InvalidArgument(
+            "chat_template",
+            f"{self.model} has no default chat template; name one of "
+            f"{', '.join(sorted(self.sources))}",
+        )
 
     def render(
         self,
@@ -280,6 +359,7 @@ class ChatTemplate:
         documents: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool | str = False,
+        chat_template: str | None = None,
         **variables: Any,
     ) -> str:
         """The prompt text for ``messages``, as transformers renders it with ``tokenize=False``.
@@ -288,6 +368,7 @@ class ChatTemplate:
         ``date_string``, a special token to override) reach the template as they are.
         ``continue_final_message`` (True for ``content``, or a field's name) leaves the last
         message open for the model to go on; it needs ``add_generation_prompt=False``.
+        ``chat_template`` names one of the model's templates (see ``choose``).
         Raises InvalidArgument when the inputs are malformed or the template refuses them.
         """
         if continue_final_message and add_generation_prompt:
@@ -296,14 +377,15 @@ class ChatTemplate:
                 "continue_final_message and add_generation_prompt exclude each other: one "
                 "continues the last message, the other opens a new assistant turn",
             )
+        name = self.choose(chat_template, tools)
         chat = _messages(messages)
         tool_schemas = _tools(tools)
         if documents is not None and not all(isinstance(d, Mapping) for d in documents):
             raise InvalidArgument("documents", "documents must be objects with title and text")
         context = _plain({**self.special_tokens, **variables})
-        continued = self._mark_continued(chat, continue_final_message)
+        continued = self._mark_continued(chat, continue_final_message, self.sources[name])
         try:
-            text = self._template.render(
+            text = self._templates[name].render(
                 messages=chat,
                 tools=tool_schemas,
                 documents=_plain(documents),
@@ -324,8 +406,13 @@ class ChatTemplate:
             ) from err
         return text if continued is None else self._cut_continued(text, continued)
 
-    def _mark_continued(self, chat: list[dict[str, Any]], field: bool | str) -> str | None:
-        """Tag the text to continue in the last message; return that text (None: no tag)."""
+    def _mark_continued(
+        self, chat: list[dict[str, Any]], field: bool | str, source: str
+    ) -> str | None:
+        """Tag the text to continue in the last message; return that text (None: no tag).
+
+        ``source`` is the chosen template's text, which must read the field continued.
+        """
         if not field:
             return None
         name = field if isinstance(field, str) else "content"
@@ -339,7 +426,7 @@ class ChatTemplate:
         if name in _REASONING_FIELDS:
             # The reasoning went in under several names; tag each, whichever one is read.
             names = [n for n in _REASONING_FIELDS if last.get(n) == final]
-        if not any(n in self.source for n in names):
+        if not any(n in source for n in names):
             raise InvalidArgument(
                 "continue_final_message", f"the chat template of {self.model} never reads {name!r}"
             )

@@ -37,6 +37,8 @@ from tokenizers.models import BPE
 
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model.gguf_metadata import MetadataReader, Unreadable
+from paged_llm.engine.tokenizer.chat_template import gguf_templates
+from paged_llm.engine.tokenizer.merges_cache import Merges, cached_merges, merges_key
 from paged_llm.extras import ENGINE_EXTRA
 
 # llama.cpp's token types (gguf.TokenType): control tokens become special added tokens,
@@ -131,7 +133,7 @@ class Vocabulary:
     special_ids: dict[str, int]  # bos/eos/unk/pad token name -> id, those the file names
     add_bos_token: bool | None
     add_eos_token: bool | None
-    chat_template: str | None
+    chat_template: str | dict[str, str] | None  # several: by name, as transformers holds them
 
 
 def read_vocabulary(path: str | Path, reader: MetadataReader | None = None) -> Vocabulary:
@@ -171,7 +173,7 @@ def read_vocabulary(path: str | Path, reader: MetadataReader | None = None) -> V
         special_ids=special_ids,
         add_bos_token=flag("tokenizer.ggml.add_bos_token"),
         add_eos_token=flag("tokenizer.ggml.add_eos_token"),
-        chat_template=values.get("tokenizer.chat_template"),
+        chat_template=gguf_templates(values),
     )
 
 
@@ -198,6 +200,16 @@ def generate_merges(
     return [(left, right) for left, right, _ in merges]
 
 
+def _derived_merges(
+    folder: Path | None, tokens: list[str], ids: dict[str, int], ranks: list[float], ranking: str
+) -> Merges:
+    """``generate_merges`` of ``tokens`` ranked by ``ranks``, kept in ``folder`` once derived."""
+    key = merges_key(tokens, ranks, ranking)
+    return cached_merges(
+        folder, key, ids, lambda: generate_merges(ids, dict(zip(tokens, ranks, strict=False)))
+    )
+
+
 def _file_merges(path: Path, merges: list[str]) -> list[tuple[str, str]]:
     """The file's merges as pairs (each is "left right")."""
     pairs = [tuple(merge.split(" ")) for merge in merges]
@@ -217,9 +229,12 @@ def _bpe(
         raise ModelLoadError(f"{path.name}: its tokenizer cannot be built: {err}") from err
 
 
-def _sentencepiece(path: Path, vocab: Vocabulary) -> tuple[Tokenizer, list[str]]:
+def _sentencepiece(
+    path: Path, vocab: Vocabulary, merges_folder: Path | None = None
+) -> tuple[Tokenizer, list[str]]:
     """The ``llama`` model: BPE over SentencePiece pieces with byte fallback.
 
+    Merges the file lacks are derived, or read from ``merges_folder`` (None: no cache).
     Returns the tokenizer and the special tokens transformers' builder class adds by default
     (LlamaTokenizer's or GemmaTokenizer's), in its order.
     """
@@ -233,9 +248,10 @@ def _sentencepiece(path: Path, vocab: Vocabulary) -> tuple[Tokenizer, list[str]]
         merges = _file_merges(path, vocab.merges)
     elif gemma:
         # Gemma's scores do not follow its merge order; the order of the tokens does
-        merges = generate_merges(ids, {token: -index for index, token in enumerate(tokens)})
+        order = [-float(index) for index in range(len(tokens))]
+        merges = _derived_merges(merges_folder, tokens, ids, order, "gemma-order")
     elif vocab.scores is not None:
-        merges = generate_merges(ids, dict(zip(tokens, vocab.scores, strict=False)))
+        merges = _derived_merges(merges_folder, tokens, ids, vocab.scores, "scores")
     else:
         raise _unsupported(path, "a SentencePiece vocabulary with neither scores nor merges")
     tokenizer: Tokenizer
@@ -320,8 +336,12 @@ def _new_added(tokenizer: Tokenizer, tokens: Iterable[str | None]) -> list[str]:
     return fresh
 
 
-def build_tokenizer(path: Path, vocab: Vocabulary) -> tuple[Tokenizer, dict[str, str | None]]:
+def build_tokenizer(
+    path: Path, vocab: Vocabulary, merges_folder: Path | None = None
+) -> tuple[Tokenizer, dict[str, str | None]]:
     """The tokenizer transformers builds from this vocabulary, and its named special tokens.
+
+    ``merges_folder`` keeps merges derived from a SentencePiece vocabulary (None: no cache).
 
     The steps and their order are transformers' (``AutoTokenizer.from_pretrained`` with
     ``gguf_file``): its builder class adds its default special tokens, the file's control
@@ -330,7 +350,7 @@ def build_tokenizer(path: Path, vocab: Vocabulary) -> tuple[Tokenizer, dict[str,
     Re-adding a token replaces its flags, so the order decides the result.
     """
     if vocab.model == "llama":
-        tokenizer, defaults = _sentencepiece(path, vocab)
+        tokenizer, defaults = _sentencepiece(path, vocab, merges_folder)
     elif vocab.model == "gpt2":
         split_known = vocab.pre is None or vocab.pre in PRE_TOKENIZER_SPLITS
         if not split_known and vocab.pre not in GPT2_SPLIT_NAMES:
@@ -408,10 +428,15 @@ class GGUFTokenizer:
         "unk_token",
     )
 
-    def __init__(self, vocab: Vocabulary, path: str | Path = "model.gguf") -> None:
-        """Build the tokenizer from a file's vocabulary (see ``from_gguf``)."""
+    def __init__(
+        self, vocab: Vocabulary, path: str | Path = "model.gguf", merges_folder: Path | None = None
+    ) -> None:
+        """Build the tokenizer from a file's vocabulary (see ``from_gguf``).
+
+        ``merges_folder`` keeps merges derived from a SentencePiece vocabulary (None: none).
+        """
         path = Path(path)
-        self._backend, named = build_tokenizer(path, vocab)
+        self._backend, named = build_tokenizer(path, vocab, merges_folder)
         self.bos_token = named["bos_token"]
         self.eos_token = named["eos_token"]
         self.unk_token = named["unk_token"]
@@ -433,9 +458,9 @@ class GGUFTokenizer:
         self._special = frozenset(self.all_special_ids)
 
     @classmethod
-    def from_gguf(cls, path: str | Path) -> GGUFTokenizer:
+    def from_gguf(cls, path: str | Path, merges_folder: Path | None = None) -> GGUFTokenizer:
         """The tokenizer of a GGUF file; ModelLoadError when this module cannot build it."""
-        return cls(read_vocabulary(path), path)
+        return cls(read_vocabulary(path), path, merges_folder)
 
     @property
     def backend_tokenizer(self) -> Tokenizer:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from paged_llm.engine.errors import InvalidArgument, ModelLoadError
 from paged_llm.engine.model.gguf_metadata import MetadataReader
 from paged_llm.engine.model.loader import bundled_gguf_path
-from paged_llm.engine.tokenizer.chat_template import ChatTemplate
+from paged_llm.engine.tokenizer.chat_template import ChatTemplate, gguf_templates
 from tests.helpers.support import tokenizer_dir
 from tests.helpers.without_torch import run_without_torch
 
@@ -582,3 +583,123 @@ assert text == "hi", text
 def test_import_pulls_in_neither_torch_nor_transformers() -> None:
     run = run_without_torch(PROBE)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+# --- several templates by name ------------------------------------------------------------
+
+# A rag template of its own, reading documents: what a third name looks like.
+RAG = (
+    "{% for d in documents %}<doc {{ d.title }}>{{ d.text }}</doc>\n{% endfor %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+DOCUMENTS = [{"title": "Küche", "text": "Die Lampe über dem Herd."}]
+
+
+def _named(smollm2_metadata: dict[str, Any], *names: str) -> dict[str, str]:
+    """Real templates by name: SmolLM2's own as default, Qwen2.5's (tools) as tool_use."""
+    sources = {
+        "default": str(smollm2_metadata["tokenizer.chat_template"]),
+        "tool_use": (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8"),
+        "rag": RAG,
+    }
+    return {name: sources[name] for name in names}
+
+
+# (templates the model has, tools given, the name the caller gives)
+CHOICES = [
+    pytest.param(("default", "tool_use"), None, None, id="no-tools-default"),
+    pytest.param(("default", "tool_use"), TOOLS, None, id="tools-tool_use"),
+    pytest.param(("default", "tool_use"), [], None, id="empty-tools-tool_use"),
+    pytest.param(("default", "rag"), TOOLS, None, id="tools-without-tool_use-default"),
+    pytest.param(("default", "tool_use"), TOOLS, "default", id="named-default-with-tools"),
+    pytest.param(("default", "tool_use"), None, "tool_use", id="named-tool_use-no-tools"),
+    pytest.param(("default", "tool_use", "rag"), None, "rag", id="named-rag"),
+    pytest.param(("tool_use", "rag"), TOOLS, None, id="no-default-tools"),
+    pytest.param(("tool_use", "rag"), None, "rag", id="no-default-named"),
+]
+
+
+@pytest.mark.parametrize(("names", "tools", "chosen"), CHOICES)
+def test_the_template_chosen_is_transformers_choice(
+    oracle: Any,
+    smollm2_metadata: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    names: tuple[str, ...],
+    tools: Any,
+    chosen: str | None,
+) -> None:
+    """Several templates: the one transformers' get_chat_template picks, rendered as it renders."""
+    templates = _named(smollm2_metadata, *names)
+    monkeypatch.setattr(oracle, "chat_template", templates)
+    ours = ChatTemplate(templates, special_tokens=oracle.special_tokens_map, clock=lambda: FROZEN)
+    messages = [SYSTEM, USER]
+    kwargs: dict[str, Any] = {"tools": tools, "chat_template": chosen, "documents": DOCUMENTS}
+    kwargs["add_generation_prompt"] = True
+    assert templates[ours.choose(chosen, tools)] == oracle.get_chat_template(chosen, tools)
+    expected = oracle.apply_chat_template(messages, tokenize=False, **kwargs)
+    assert ours.render(messages, **kwargs) == expected
+
+
+def test_several_templates_and_no_default_is_refused_as_transformers_refuses(
+    oracle: Any, smollm2_metadata: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No tools, no name and no default: transformers raises, so does ChatTemplate (by name)."""
+    templates = _named(smollm2_metadata, "tool_use", "rag")
+    monkeypatch.setattr(oracle, "chat_template", templates)
+    with pytest.raises(ValueError, match="no default"):
+        oracle.get_chat_template(None, None)
+    with pytest.raises(
+        InvalidArgument, match="no default chat template; name one of rag, tool_use"
+    ) as caught:
+        ChatTemplate(templates, model="m.gguf").render([USER])
+    assert caught.value.argument == "chat_template"
+
+
+def test_a_name_the_model_lacks_is_refused() -> None:
+    """transformers would compile an unknown name as a template's text; a request may not."""
+    template = ChatTemplate({"default": "{{ messages[0].content }}", "tool_use": "tools"})
+    with pytest.raises(InvalidArgument, match="no chat template named 'rag'") as caught:
+        template.render([USER], chat_template="rag")
+    assert "default, tool_use" in str(caught.value)
+    single = ChatTemplate("{{ messages[0].content }}")
+    with pytest.raises(InvalidArgument, match=re.escape("no chat template named '{{ 7 * 7 }}'")):
+        single.render([USER], chat_template="{{ 7 * 7 }}")
+    assert single.render([USER], chat_template="default") == USER["content"]
+
+
+def test_named_templates_are_read_from_the_gguf(
+    oracle: Any, smollm2_metadata: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tokenizer.chat_template.<name> beside tokenizer.chat_template: a dict, default first."""
+    templates = _named(smollm2_metadata, "default", "tool_use", "rag")
+    metadata = {
+        **smollm2_metadata,
+        "tokenizer.chat_template.tool_use": templates["tool_use"],
+        "tokenizer.chat_template.rag": RAG,
+        "tokenizer.chat_templates": 2,  # llama.cpp's list of the names, read as its length
+    }
+    assert gguf_templates(metadata) == templates
+    assert list(gguf_templates(metadata) or {}) == ["default", "tool_use", "rag"]
+    only_named = {k: v for k, v in metadata.items() if k != "tokenizer.chat_template"}
+    assert gguf_templates(only_named) == {"tool_use": templates["tool_use"], "rag": RAG}
+    assert gguf_templates(smollm2_metadata) == templates["default"]
+    assert gguf_templates({}) is None
+    template = ChatTemplate.from_gguf(metadata, clock=lambda: FROZEN)
+    monkeypatch.setattr(oracle, "chat_template", templates)
+    for tools in (None, TOOLS):
+        expected = oracle.apply_chat_template(
+            [USER], tools=tools, tokenize=False, add_generation_prompt=True
+        )
+        assert template.render([USER], tools=tools) == expected
+
+
+def test_a_named_template_that_is_empty_or_broken_fails_to_load() -> None:
+    with pytest.raises(ModelLoadError, match=r"'tool_use' of m\.gguf is empty"):
+        ChatTemplate({"default": "{{ 1 }}", "tool_use": " "}, model="m.gguf")
+    with pytest.raises(ModelLoadError, match=r"'rag' chat template of m\.gguf does not compile"):
+        ChatTemplate({"default": "{{ 1 }}", "rag": "{% if %}"}, model="m.gguf")
+    with pytest.raises(ModelLoadError, match="has no chat template"):
+        ChatTemplate({}, model="m.gguf")
+    with pytest.raises(ModelLoadError, match="has no chat template"):
+        ChatTemplate({"default": "", "tool_use": "{{ 1 }}"}, model="m.gguf")

@@ -276,3 +276,68 @@ def test_what_the_numpy_runner_cannot_run_is_refused_by_name(tmp_path: Path) -> 
     cuda = EngineConfig(model=str(path), device="cuda", runner="numpy", cache_dir=tmp_path / "c")
     with pytest.raises(ModelLoadError, match=r"not cuda.*paged-llm\[engine\]"):
         load_model(cuda)
+
+
+def _gemma3_sentencepiece(writer: Any, hf: Any) -> None:
+    """The config keys and a 512-token SentencePiece vocabulary without merges, as Gemma's."""
+    from tests.engine.test_gguf_tokenizer import big_sentencepiece_vocab
+
+    for key, value in metadata(hf).items():
+        if key == "general.architecture":
+            continue  # the writer's own
+        if isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, int(value))
+    vocab = big_sentencepiece_vocab(hf.vocab_size)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    writer.add_token_scores(vocab.scores)
+    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    writer.add_uint32("tokenizer.ggml.unknown_token_id", 0)
+    writer.add_chat_template(
+        [
+            {"name": "default", "template": "{{ messages[0].content }}"},
+            {"name": "tool_use", "template": "{{ tools[0].function.name }}"},
+        ]
+    )
+
+
+def test_a_files_derived_merges_are_kept_in_the_cache_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loader keeps derived merges under cache_dir/tokenizers; the next load reads them."""
+    from paged_llm.engine.tokenizer import gguf_tokenizer
+
+    cache = tmp_path / "cache"
+    path = write_gguf(
+        tmp_path / "m", "gemma3", {"*": QK.Q8_0}, cache, metadata=_gemma3_sentencepiece
+    )
+    first = engine(str(path), "numpy", cache)
+    (entry,) = (cache / "tokenizers").iterdir()
+    assert entry.suffix == ".json"
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("derived again instead of read back")
+
+    monkeypatch.setattr(gguf_tokenizer, "generate_merges", refuse)
+    again = engine(str(path), "numpy", cache)
+    assert isinstance(again.runner, CpuRunner)
+    text = "the rain in Köln 12 times"
+    assert again.tokenize(text) == first.tokenize(text)
+    assert greedy_together(again, PROMPTS[1:], 4) == greedy_together(first, PROMPTS[1:], 4)
+    # the file's named templates: tool_use when tools are given, the default otherwise
+    chat = [{"role": "user", "content": text}]
+    tool = {"type": "function", "function": {"name": "light_on", "parameters": {}}}
+    assert again.tokenize(chat) == again.tokenizer.encode(text, add_special_tokens=False)
+    assert again.tokenize(chat, [tool]) == again.tokenizer.encode("light_on", False)
+    monkeypatch.undo()
+    # without a cache folder nothing is kept, and the merges are derived again
+    calls: list[int] = []
+    derive = gguf_tokenizer.generate_merges
+    monkeypatch.setattr(gguf_tokenizer, "generate_merges", lambda *a: calls.append(1) or derive(*a))
+    config = dataclasses.replace(engine_config(str(path), "numpy", cache), cache_dir=None)
+    assert LLMEngine.from_config(config).tokenize(text) == first.tokenize(text)
+    assert calls == [1]

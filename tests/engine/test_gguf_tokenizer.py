@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import random
 import re
 from collections import Counter
@@ -27,7 +28,7 @@ from paged_llm.engine.detokenizer import Detokenizer
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model import loader
 from paged_llm.engine.model.loader import bundled_gguf_path
-from paged_llm.engine.tokenizer import gguf_tokenizer
+from paged_llm.engine.tokenizer import gguf_tokenizer, merges_cache
 from paged_llm.engine.tokenizer.gguf_tokenizer import GGUFTokenizer, bytes_to_unicode
 from tests.helpers.without_torch import run_without_torch
 
@@ -92,7 +93,7 @@ def write_tokenizer_gguf(
     pre: str | None = None,
     special: dict[str, int] | None = None,
     flags: dict[str, bool] | None = None,
-    template: str | None = None,
+    template: str | list[dict[str, str]] | None = None,
 ) -> Path:
     """A GGUF file of a tokenizer and the few config fields transformers needs to load it."""
     writer = gguf.GGUFWriter(str(path), arch)
@@ -235,21 +236,32 @@ def big_byte_level_vocab(size: int = 151_936) -> Vocab:
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [spell[b] for b in range(256)]
     # mostly ASCII letters and spaces, so real text meets the merges
     common = [spell[b] for b in b" etaoinshrdlucmfwypvbgkqjxz" + bytes(range(65, 91))]
-    seen, merges = set(tokens), []
-    short = list(common)
-    while len(tokens) < size:
-        left = rng.choice(short) if rng.random() < 0.7 else tokens[rng.randrange(3, len(tokens))]
-        right = rng.choice(common) if rng.random() < 0.8 else rng.choice(short)
-        token = left + right
-        if token in seen or len(token) > 16:
-            continue
-        seen.add(token)
-        tokens.append(token)
-        merges.append(f"{left} {right}")
-        if len(token) < 6:
-            short.append(token)
+    merges = [f"{left} {right}" for left, right in grow_pieces(rng, tokens, common, size, 3)]
     types = [CONTROL] * 3 + [NORMAL] * (len(tokens) - 3)
     return Vocab(tokens, types, merges=merges)
+
+
+def grow_pieces(
+    rng: random.Random, pool: list[str], letters: list[str], size: int, first: int
+) -> list[tuple[str, str]]:
+    """Grow ``pool`` to ``size`` tokens, each new one two already there joined; the joins.
+
+    Mostly a short piece and one of ``letters``, so real text meets them; a left side may be
+    any token from ``pool[first]`` on (not the special tokens before it).
+    """
+    known, short, joins = set(pool), list(letters), []
+    while len(pool) < size:
+        left = rng.choice(short) if rng.random() < 0.7 else pool[rng.randrange(first, len(pool))]
+        right = rng.choice(letters) if rng.random() < 0.8 else rng.choice(short)
+        token = left + right
+        if token in known or len(token) > 16:
+            continue
+        known.add(token)
+        pool.append(token)
+        joins.append((left, right))
+        if len(token) < 6:
+            short.append(token)
+    return joins
 
 
 TEMPLATE = (
@@ -672,3 +684,192 @@ def test_qwen2_sized_vocabulary(tmp_path: Path) -> None:
     assert len(ours) == len(theirs) == 151_936
     for text in TEXTS:
         assert ours.encode(text) == theirs.encode(text), text
+
+
+def big_sentencepiece_vocab(size: int = 262_144, seed: int = 5) -> Vocab:
+    """A Gemma-sized SentencePiece vocabulary with scores and no merges, as llama.cpp writes one.
+
+    Each piece joins two pieces already there, so ``generate_merges`` finds splits for it as
+    in a real vocabulary; scores fall with the rank in steps of two, so ties are there too.
+    """
+    rng = random.Random(seed)
+    head = [("<unk>", UNKNOWN), ("<s>", CONTROL), ("</s>", CONTROL)]
+    tokens = [t for t, _ in head] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [k for _, k in head] + [BYTE] * 256
+    letters = list(dict.fromkeys(SPIECE + "etaoinshrdlucmfwypvbgkqjxzäöüßETAOIN0123456789.,"))
+    pool = tokens + letters
+    grow_pieces(rng, pool, letters, size, len(tokens))
+    body = pool[len(tokens) :]
+    scores = [0.0] * len(tokens) + [-float(rank // 2) for rank in range(len(body))]
+    return Vocab(tokens + body, types + [NORMAL] * len(body), scores=scores)
+
+
+def write_big_sentencepiece(path: Path, size: int) -> Path:
+    """A file of ``big_sentencepiece_vocab(size)``: BOS added, no merges, a template."""
+    vocab = big_sentencepiece_vocab(size)
+    return write_tokenizer_gguf(
+        path, "llama", "llama", vocab.tokens, vocab.types, scores=vocab.scores,
+        special={"bos": 1, "eos": 2, "unknown": 0}, template=TEMPLATE,
+    )  # fmt: skip
+
+
+# Files without merges (llama.cpp writes none for SentencePiece): theirs are derived.
+DERIVED = ["llama-spm", "phi3-spm", "gemma3", "gemma2"]
+
+
+def _derivations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count generate_merges' calls from now on (one item per call)."""
+    calls: list[int] = []
+    derive = gguf_tokenizer.generate_merges
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return derive(*args)
+
+    monkeypatch.setattr(gguf_tokenizer, "generate_merges", counted)
+    return calls
+
+
+def _same_tokenizer(got: GGUFTokenizer, fresh: GGUFTokenizer, texts: Iterable[str]) -> None:
+    """The whole backend (merges in order included) and every text's ids are the fresh one's."""
+    assert got.backend_tokenizer.to_str() == fresh.backend_tokenizer.to_str()
+    for text in texts:
+        for add in (True, False):
+            assert got.encode(text, add) == fresh.encode(text, add), text
+
+
+def _entries(folder: Path) -> list[Path]:
+    """The files in a cache folder (a temporary file left behind would show here too)."""
+    return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
+@pytest.mark.parametrize("name", DERIVED)
+def test_derived_merges_are_kept_and_read_back(
+    files: dict[str, Path], name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first load derives and keeps the merges; the next reads them: the same tokenizer."""
+    fresh = GGUFTokenizer.from_gguf(files[name])
+    calls = _derivations(monkeypatch)
+    folder = tmp_path / "tokenizers"
+    first = GGUFTokenizer.from_gguf(files[name], folder)
+    assert calls == [1]
+    (entry,) = _entries(folder)
+    assert entry.suffix == ".json"
+    again = GGUFTokenizer.from_gguf(files[name], folder)
+    assert calls == [1]  # read back, not derived
+    assert _entries(folder) == [entry]
+    for got in (first, again):
+        _same_tokenizer(got, fresh, TEXTS)
+
+
+@pytest.mark.parametrize("name", ["llama-spm-merges", "qwen2", "bundled-smollm2"])
+def test_merges_from_the_file_are_not_kept(
+    files: dict[str, Path], name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that lists its merges is read as it is: nothing derived, nothing kept."""
+    calls = _derivations(monkeypatch)
+    GGUFTokenizer.from_gguf(files[name], tmp_path / "tokenizers")
+    assert calls == []
+    assert _entries(tmp_path / "tokenizers") == []
+
+
+def test_a_large_vocabulary_reads_its_merges_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """65,536 pieces with scores: the kept merges tokenize every text as derived ones do."""
+    path = write_big_sentencepiece(tmp_path / "big.gguf", 65_536)
+    fresh = GGUFTokenizer.from_gguf(path)
+    folder = tmp_path / "tokenizers"
+    GGUFTokenizer.from_gguf(path, folder)
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("derived again instead of read back")
+
+    monkeypatch.setattr(gguf_tokenizer, "generate_merges", refuse)
+    rng = random.Random(3)
+    words = ["".join(rng.choices("etaoinshrdlucmfwypäöü0123456789", k=9)) for _ in range(300)]
+    _same_tokenizer(GGUFTokenizer.from_gguf(path, folder), fresh, [*TEXTS, " ".join(words)])
+
+
+DAMAGE = {
+    "empty": lambda good: b"",
+    "truncated": lambda good: good[: len(good) // 2],
+    "not utf-8": lambda good: b"\xff\xfe" + good,
+    "not a list": lambda good: b'{"merges": []}',
+    "odd length": lambda good: good[:-1] + b', "a"]',
+    "foreign token": lambda good: good.replace(b'"', b'"\xc3\xa9', 1),
+    "not strings": lambda good: b"[1, 2]",
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_entry_is_derived_again(
+    files: dict[str, Path],
+    damage: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An entry that does not read back as this vocabulary's merges: derived and written again."""
+    path, folder = files["llama-spm"], tmp_path / "tokenizers"
+    fresh = GGUFTokenizer.from_gguf(path, folder)
+    (entry,) = _entries(folder)
+    good = entry.read_bytes()
+    entry.write_bytes(DAMAGE[damage](good))
+    calls = _derivations(monkeypatch)
+    with caplog.at_level(logging.DEBUG, "paged_llm.engine.tokenizer.merges_cache"):
+        rebuilt = GGUFTokenizer.from_gguf(path, folder)
+    assert calls == [1]
+    assert "rebuilding" in caplog.text
+    _same_tokenizer(rebuilt, fresh, TEXTS)
+    assert entry.read_bytes() == good
+    assert _entries(folder) == [entry]
+
+
+def test_a_folder_that_cannot_be_written_is_no_error(
+    files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where nothing can be kept the merges are derived every time, and the load goes on."""
+    fresh = GGUFTokenizer.from_gguf(files["gemma3"])
+    blocker = tmp_path / "a file"
+    blocker.write_text("not a folder")
+    calls = _derivations(monkeypatch)
+    for folder in (blocker, blocker / "tokenizers"):
+        _same_tokenizer(GGUFTokenizer.from_gguf(files["gemma3"], folder), fresh, TEXTS)
+    assert calls == [1, 1]
+    assert blocker.read_text() == "not a folder"
+
+
+def test_the_key_covers_what_the_derivation_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other tokens, order, ranks, ranking or algorithm version: another entry."""
+    tokens, ranks = ["a", "b", "ab"], [0.0, -1.0, -2.0]
+    key = merges_cache.merges_key(tokens, ranks, "scores")
+    assert key == merges_cache.merges_key(list(tokens), list(ranks), "scores")
+    others = [
+        merges_cache.merges_key(["b", "a", "ab"], ranks, "scores"),
+        merges_cache.merges_key(["a", "b", "aB"], ranks, "scores"),
+        merges_cache.merges_key(["a\x00b", "ab"], ranks, "scores"),
+        merges_cache.merges_key(tokens, [0.0, -1.0, -2.5], "scores"),
+        merges_cache.merges_key(tokens, ranks, "gemma-order"),
+    ]
+    monkeypatch.setattr(merges_cache, "ALGORITHM_VERSION", merges_cache.ALGORITHM_VERSION + 1)
+    others.append(merges_cache.merges_key(tokens, ranks, "scores"))
+    assert len({key, *others}) == len(others) + 1
+
+
+def test_named_chat_templates_are_read(tmp_path: Path) -> None:
+    """tokenizer.chat_template.<name> as llama.cpp's converter writes it: a dict by name."""
+    vocab, tool_use = byte_level_vocab(), TEMPLATE + "{{ tools | length }}"
+    path = write_tokenizer_gguf(
+        tmp_path / "named.gguf", "qwen2", "gpt2", vocab.tokens, vocab.types,
+        merges=vocab.merges, pre="qwen2", special={"eos": 2},
+        template=[
+            {"name": "tool_use", "template": tool_use}, {"name": "default", "template": TEMPLATE}
+        ],
+    )  # fmt: skip
+    want = {"default": TEMPLATE, "tool_use": tool_use}
+    assert gguf_tokenizer.read_vocabulary(path).chat_template == want
+    assert GGUFTokenizer.from_gguf(path).chat_template == want
+    # transformers' GGUF loader reads tokenizer.chat_template alone: the torch path's
+    # tokenizer has only the default (why the numpy path does not compare with it here)
+    assert transformers_tokenizer(path).chat_template == TEMPLATE

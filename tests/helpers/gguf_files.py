@@ -10,6 +10,7 @@ them, so the file needs only its tensors and architecture.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +79,19 @@ def _llama_order(weights: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(
-    folder: Path, arch: str, kinds: dict[str, QK], cache_dir: Path, tied: bool = False
+    folder: Path,
+    arch: str,
+    kinds: dict[str, QK],
+    cache_dir: Path,
+    tied: bool = False,
+    metadata: Callable[[gguf.GGUFWriter, Any], None] | None = None,
 ) -> Path:
     """Write a tiny ``arch`` model as ``folder/model.gguf``; ``kinds`` maps name parts to types.
 
     A matrix takes the type of the first key of ``kinds`` found in its GGUF name (``"*"``
     for the rest); 1-D tensors stay F32. ``tied``: the head is the embedding (no output
-    tensor), as in every Gemma 2 file. Returns the file's path.
+    tensor), as in every Gemma 2 file. ``metadata(writer, config)`` adds keys (a config, a
+    vocabulary) to the file, which otherwise holds tensors only. Returns the file's path.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -124,6 +131,8 @@ def write_gguf(
             writer.add_tensor(name, blocks, raw_dtype=kind)
         else:
             writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+    if metadata is not None:
+        metadata(writer, config)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
