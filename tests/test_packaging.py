@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "custom_components" / "paged_llm" / "manifest.json"
@@ -172,10 +174,13 @@ def test_wheel_holds_only_the_namespaced_packages(wheel: Path) -> None:
     top = (
         "paged_llm/__init__.py",
         "paged_llm/__main__.py",
+        "paged_llm/catalogue.py",
         "paged_llm/defaults.py",
         "paged_llm/download.py",
         "paged_llm/extras.py",
+        "paged_llm/hub.py",
         "paged_llm/metric_windows.py",
+        "paged_llm/net.py",
     )
     assert set(top) <= set(code)
     parts = ("client", "engine", "kernels", "protocol", "server")
@@ -331,3 +336,17 @@ def test_brand_icon() -> None:
     icon = Image.open(MANIFEST.parent / "brand" / "icon.png")
     assert icon.format == "PNG"
     assert icon.size == (256, 256)
+
+
+def test_the_manifest_documentation_link_points_at_a_file_and_heading_of_this_repository() -> None:
+    """A link into this repository must name a file (and heading) that exists here."""
+    link = json.loads(MANIFEST.read_text())["documentation"]
+    repository = yaml.safe_load((ROOT / "repository.yaml").read_text())["url"]
+    page, _, anchor = link.removeprefix(repository).partition("#")
+    path = ROOT / (page.removeprefix("/blob/main/") or "README.md")
+    assert link.startswith(repository), link
+    assert path.is_file(), link
+    if anchor:
+        headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.MULTILINE)
+        slugs = {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings}
+        assert anchor in slugs, (anchor, sorted(slugs))
