@@ -149,12 +149,19 @@ def build(compiler: str, build_dir: Path, source: Path, name: str) -> Path:
     # Only a compiler without OpenMP builds without it: trying the plain build after any
     # failure once hid an OpenMP-only error in the code behind a one-thread library.
     extra = ["-fopenmp"] if has_openmp(compiler) else []
-    done = subprocess.run(
-        [*base, *extra, "-o", str(tmp)], capture_output=True, text=True, timeout=120
-    )
-    if done.returncode != 0:
-        raise subprocess.SubprocessError(done.stderr.strip()[-500:] or f"exit {done.returncode}")
-    os.replace(tmp, path)
+    try:
+        done = subprocess.run(
+            [*base, *extra, "-o", str(tmp)], capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            raise subprocess.SubprocessError(
+                done.stderr.strip()[-500:] or f"exit {done.returncode}"
+            )
+        os.replace(tmp, path)
+    except BaseException:
+        # A build cut short (a full disk, a timeout) leaves no half-written library behind.
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
