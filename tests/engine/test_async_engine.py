@@ -160,17 +160,25 @@ async def test_stop_ends_the_thread_and_fails_waiting_streams() -> None:
         await collect(engine, "hi", SamplingParams())
 
 
+async def _tick_lags(lags: list[float], ticking: Callable[[], bool]) -> None:
+    """Record how late each 10 ms sleep of the event loop wakes, while ``ticking()``."""
+    loop = asyncio.get_running_loop()
+    while ticking():
+        before = loop.time()
+        await asyncio.sleep(0.01)
+        lags.append(loop.time() - before - 0.01)
+
+
 async def test_fifty_streams_half_cancelled_and_the_loop_stays_responsive() -> None:
     engine = await started(max_num_seqs=64)
+    # The machine's own lag first (other processes, the harness's debug mode): a fixed
+    # 50 ms bound failed on a 2-core machine loaded to ~4.5, so the engine's share is
+    # bounded above this baseline, not against an idle machine's.
+    baseline: list[float] = []
+    quiet = asyncio.create_task(_tick_lags(baseline, lambda: len(baseline) < 50))
+    await quiet
     lags: list[float] = []
     ticking = True
-
-    async def ticker() -> None:
-        loop = asyncio.get_running_loop()
-        while ticking:
-            before = loop.time()
-            await asyncio.sleep(0.01)
-            lags.append(loop.time() - before - 0.01)
 
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     try:
@@ -183,7 +191,7 @@ async def test_fifty_streams_half_cancelled_and_the_loop_stays_responsive() -> N
         # The ticker starts once the test itself has made its 50 tasks (under the test
         # harness's asyncio debug mode that alone takes ~50 ms); everything the engine
         # does for them, from tokenizing on, is measured.
-        tick = asyncio.create_task(ticker())
+        tick = asyncio.create_task(_tick_lags(lags, lambda: ticking))
         await asyncio.sleep(0.5)
         for task in tasks[::2]:
             task.cancel()
@@ -197,7 +205,13 @@ async def test_fifty_streams_half_cancelled_and_the_loop_stays_responsive() -> N
             assert outs[-1].completion_tokens == 24
         await becomes_true(lambda: not engine._llm.has_unfinished(), 2.0)
         assert engine._llm.kv_manager.num_used_blocks == 0
-        assert max(lags) < 0.05, f"event loop lag {max(lags) * 1000:.0f} ms"
+        # Anything the engine blocked the loop with (tokenizing 50 prompts on it, say)
+        # shows as one late wake-up far above the machine's own worst.
+        bound = 0.05 + 3 * max(baseline)
+        assert max(lags) < bound, (
+            f"event loop lag {max(lags) * 1000:.0f} ms, bound {bound * 1000:.0f} ms "
+            f"(the machine alone: {max(baseline) * 1000:.0f} ms)"
+        )
     finally:
         # A failed assertion must not leave the engine thread running into later tests.
         began = time.monotonic()
