@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,8 +31,9 @@ from custom_components.paged_llm.const import (
     PRIORITY_CONVERSATION,
     PRIORITY_SUMMARY,
 )
-from tests.helpers.support import becomes_true
+from tests.helpers.support import becomes_true, bundled_model_dir
 
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # How long a caller may wait for its answer or its error once the fault happened.
 BOUND_S = 60.0
 # Enough words for a 512-token context to cut into several parts that run at once.
@@ -433,3 +437,124 @@ async def test_requests_arriving_while_the_model_loads_wait_for_it(
         await _serves(hass, mock_config_entry)
     finally:
         assert await hass.config_entries.async_unload(mock_config_entry.entry_id)
+
+
+@pytest.fixture
+def gguf_copy(tmp_path: Path) -> Path:
+    """A copy of the bundled GGUF file that a test may delete, replace or rewrite."""
+    copy = tmp_path / "models" / "smollm2.gguf"
+    copy.parent.mkdir()
+    shutil.copyfile(bundled_model_dir() / BUNDLED_FILE, copy)
+    return copy
+
+
+async def _generate(hass: HomeAssistant) -> dict[str, Any]:
+    """A short answer through the generate action."""
+    response = await hass.services.async_call(
+        DOMAIN,
+        "generate",
+        {"prompt": "hello", "max_tokens": 3},
+        blocking=True,
+        return_response=True,
+    )
+    assert isinstance(response, dict)
+    assert response["completion_tokens"] == 3
+    return response
+
+
+def _replace_by_rename(path: Path) -> tuple[int, int]:
+    """Replace ``path`` as a download does (a new file renamed over it): old, new inode."""
+    old = path.stat().st_ino
+    new = path.with_name("new.gguf.part")
+    shutil.copyfile(path, new)
+    new.replace(path)
+    return old, path.stat().st_ino
+
+
+def _rewrite_in_place(path: Path) -> None:
+    """Write into the mapped inode (its own bytes back) with a new modification time."""
+    with path.open("r+b") as file:
+        head = file.read(4096)
+        file.seek(0)
+        file.write(head)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+async def test_a_model_file_deleted_while_loaded_serves_on_and_fails_clearly_at_next_load(
+    hass: HomeAssistant, mock_config_entry: MockConfigEntry, ha_core: None, gguf_copy: Path
+) -> None:
+    """The mapping keeps the deleted file's pages; the next load says the file is missing."""
+    await _set_up(hass, mock_config_entry, model=str(gguf_copy), dtype="auto", kv_budget_mib=16)
+    try:
+        await hass.async_add_executor_job(gguf_copy.unlink)
+        await _generate(hass)
+        await hass.config_entries.async_reload(mock_config_entry.entry_id)
+        assert mock_config_entry.state is ConfigEntryState.SETUP_ERROR
+        assert mock_config_entry.error_reason_translation_key == "model_load_failed"
+        assert str(gguf_copy) in (mock_config_entry.reason or "")
+        # The file back, the entry loads and serves again.
+        await hass.async_add_executor_job(
+            shutil.copyfile, bundled_model_dir() / BUNDLED_FILE, gguf_copy
+        )
+        assert await hass.config_entries.async_reload(mock_config_entry.entry_id)
+        await hass.async_block_till_done(wait_background_tasks=True)
+        await _serves(hass, mock_config_entry)
+    finally:
+        await hass.config_entries.async_unload(mock_config_entry.entry_id)
+
+
+async def test_a_model_file_replaced_by_a_rename_serves_on_and_the_next_load_maps_the_new_one(
+    hass: HomeAssistant, mock_config_entry: MockConfigEntry, ha_core: None, gguf_copy: Path
+) -> None:
+    """`mv new old` (a download's last step): the old inode stays mapped until a reload."""
+    engine = await _set_up(
+        hass, mock_config_entry, model=str(gguf_copy), dtype="auto", kv_budget_mib=16
+    )
+    try:
+        old_inode, new_inode = await hass.async_add_executor_job(_replace_by_rename, gguf_copy)
+        assert new_inode != old_inode
+        await _generate(hass)
+        assert engine.is_running
+        assert await hass.config_entries.async_reload(mock_config_entry.entry_id)
+        await hass.async_block_till_done(wait_background_tasks=True)
+        reloaded = mock_config_entry.runtime_data.backend.engine
+        assert reloaded._model_file.inode == new_inode
+        await _serves(hass, mock_config_entry)
+    finally:
+        await hass.config_entries.async_unload(mock_config_entry.entry_id)
+
+
+async def test_a_model_file_rewritten_in_place_while_loaded_is_refused_and_reloaded(
+    hass: HomeAssistant,
+    mock_config_entry: MockConfigEntry,
+    ha_core: None,
+    gguf_copy: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`cp new old` writes into the mapped inode: the next request is told, one reload maps it.
+
+    Written here with its own bytes and a new modification time, so the reload still finds
+    a valid model; any other content would change the pages under the old mapping.
+    """
+    engine = await _set_up(
+        hass, mock_config_entry, model=str(gguf_copy), dtype="auto", kv_budget_mib=16
+    )
+    try:
+        await _generate(hass)
+        await hass.async_add_executor_job(_rewrite_in_place, gguf_copy)
+        with caplog.at_level(logging.ERROR), pytest.raises(HomeAssistantError) as err:
+            await _generate(hass)
+        _assert_told(err.value, "engine_dead", "rewritten while loaded")
+        assert caplog.text.count("restarting it") == 1
+        assert await becomes_true(
+            lambda: (
+                mock_config_entry.state is ConfigEntryState.LOADED
+                and mock_config_entry.runtime_data.backend.engine is not engine
+            ),
+            BOUND_S,
+        )
+        await hass.async_block_till_done(wait_background_tasks=True)
+        await _serves(hass, mock_config_entry)
+    finally:
+        await hass.config_entries.async_unload(mock_config_entry.entry_id)
