@@ -154,3 +154,21 @@ def test_a_build_cut_short_by_a_full_disk_leaves_no_partial_library(
     assert reason is None
     assert lib is not None
     assert lib.tiny(41) == 42
+
+
+def test_a_failed_build_is_tried_again_at_the_next_load(tmp_path: Path) -> None:
+    """A cache full or unwritable at the first load: fixed, the next model load builds."""
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file, not a folder")
+    source = _tiny_source(tmp_path)
+    library = native_build.Library(
+        "tiny", lambda _dir: native_build.load(blocker / "k", source, "tiny")
+    )
+    assert library.unavailable() is not None
+    blocker.unlink()  # the user frees the folder
+    assert library.unavailable() is not None  # remembered: no build per call
+    native_build.retry_failed_builds()  # what each model load does first
+    assert library.unavailable() is None
+    assert library.get().tiny(1) == 2
+    native_build.retry_failed_builds()  # a library that built is kept
+    assert library.get().tiny(2) == 3
