@@ -15,7 +15,6 @@ import pytest
 from homeassistant.components import ai_task, conversation
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
-from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import intent
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
@@ -23,6 +22,7 @@ from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
 
 from custom_components.paged_llm.backend import BackendError, Delta
 from custom_components.paged_llm.const import DOMAIN
+from tests.helpers.home_assistant import agent_entity_id
 from tests.helpers.support import becomes_true
 
 # What a part may raise: a bug, the seam's own error, a group from a nested task group.
@@ -88,14 +88,6 @@ def _assert_one_error(err: BaseException, key: str, words: str) -> None:
     assert words in str(err)
 
 
-def _agent(hass: HomeAssistant, entry: MockConfigEntry, platform: str, kind: str) -> str:
-    """The entity id of the entry's agent of one kind."""
-    subentry = next(s for s in entry.subentries.values() if s.subentry_type == kind)
-    entity_id = er.async_get(hass).async_get_entity_id(platform, DOMAIN, subentry.subentry_id)
-    assert entity_id is not None
-    return entity_id
-
-
 @pytest.mark.parametrize("failure", FAILURES)
 @pytest.mark.parametrize("part", PARTS)
 async def test_each_caller_gets_one_translated_error(
@@ -138,13 +130,13 @@ async def test_each_caller_gets_one_translated_error(
         assert response.content_type == "application/json"
         assert words in (await response.json())["message"]
 
-    voice = _agent(hass, entry, "conversation", "conversation")
+    voice = agent_entity_id(hass, entry, "conversation", "conversation")
     result = await conversation.async_converse(hass, "hello", None, Context(), agent_id=voice)
     if "conversation" in callers:
         assert result.response.response_type is intent.IntentResponseType.ERROR
         assert words in result.response.speech["plain"]["speech"]
 
-    task = _agent(hass, entry, "ai_task", "ai_task_data")
+    task = agent_entity_id(hass, entry, "ai_task", "ai_task_data")
     if "ai_task" in callers:
         with pytest.raises(HomeAssistantError) as err:
             await ai_task.async_generate_data(

@@ -21,7 +21,6 @@ from homeassistant.components import ai_task, conversation
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
-from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import intent
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
@@ -31,6 +30,7 @@ from custom_components.paged_llm.const import (
     PRIORITY_CONVERSATION,
     PRIORITY_SUMMARY,
 )
+from tests.helpers.home_assistant import agent_entity_id, engine_settled
 from tests.helpers.support import becomes_true, bundled_model_dir
 
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -73,14 +73,6 @@ def slow_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LLMEngine, "step", step)
 
 
-def _agent(hass: HomeAssistant, entry: MockConfigEntry, platform: str, kind: str) -> str:
-    """The entity id of the entry's agent of one kind."""
-    subentry = next(s for s in entry.subentries.values() if s.subentry_type == kind)
-    entity_id = er.async_get(hass).async_get_entity_id(platform, DOMAIN, subentry.subentry_id)
-    assert entity_id is not None
-    return entity_id
-
-
 async def _set_up(hass: HomeAssistant, entry: MockConfigEntry, **data: Any) -> Any:
     """Set ``entry`` up with a 512-token context (and ``data``); its engine once idle."""
     hass.config_entries.async_update_entry(entry, data={**entry.data, "max_model_len": 512, **data})
@@ -88,17 +80,6 @@ async def _set_up(hass: HomeAssistant, entry: MockConfigEntry, **data: Any) -> A
     await hass.async_block_till_done(wait_background_tasks=True)
     assert entry.state is ConfigEntryState.LOADED
     return entry.runtime_data.backend.engine
-
-
-async def _settled(engine: Any) -> Any:
-    """The engine's metrics once nothing runs, waits or holds a block (within 10 s)."""
-    for _ in range(200):
-        metrics = engine.metrics()
-        idle = metrics.num_requests_running == metrics.num_requests_waiting == 0
-        if idle and metrics.kv_blocks_used == 0:
-            break
-        await asyncio.sleep(0.05)
-    return metrics
 
 
 @contextlib.contextmanager
@@ -130,8 +111,8 @@ def _callers(
     hass: HomeAssistant, entry: MockConfigEntry, text: str
 ) -> dict[str, asyncio.Task[Any]]:
     """A voice question, an AI task and a summary, started at once."""
-    voice = _agent(hass, entry, "conversation", "conversation")
-    task = _agent(hass, entry, "ai_task", "ai_task_data")
+    voice = agent_entity_id(hass, entry, "conversation", "conversation")
+    task = agent_entity_id(hass, entry, "ai_task", "ai_task_data")
     return {
         PRIORITY_CONVERSATION: hass.async_create_task(
             conversation.async_converse(
@@ -180,20 +161,25 @@ async def _serves(hass: HomeAssistant, entry: MockConfigEntry) -> None:
     """The entry's engine holds no block, and a voice question and an action get answers."""
     engine = entry.runtime_data.backend.engine
     assert engine.is_running
-    assert (await _settled(engine)).kv_blocks_used == 0
-    voice = _agent(hass, entry, "conversation", "conversation")
+    assert (await engine_settled(engine)).kv_blocks_used == 0
+    voice = agent_entity_id(hass, entry, "conversation", "conversation")
     result = await conversation.async_converse(hass, "hello", None, Context(), agent_id=voice)
     assert result.response.response_type is not intent.IntentResponseType.ERROR
-    response = await hass.services.async_call(
-        DOMAIN,
-        "generate",
-        {"prompt": "hello", "max_tokens": 4},
-        blocking=True,
-        return_response=True,
+    await _generate(hass)
+    assert (await engine_settled(engine)).kv_blocks_used == 0
+
+
+async def _reloaded_itself(hass: HomeAssistant, entry: MockConfigEntry, engine: Any) -> None:
+    """The entry reloaded itself onto a new engine (within BOUND_S), which serves."""
+    assert await becomes_true(
+        lambda: (
+            entry.state is ConfigEntryState.LOADED
+            and entry.runtime_data.backend.engine is not engine
+        ),
+        BOUND_S,
     )
-    assert isinstance(response, dict)
-    assert response["completion_tokens"] == 4
-    assert (await _settled(engine)).kv_blocks_used == 0
+    await hass.async_block_till_done(wait_background_tasks=True)
+    await _serves(hass, entry)
 
 
 async def test_a_reload_under_a_voice_answer_an_ai_task_and_a_summary(
@@ -282,15 +268,7 @@ async def test_the_engine_thread_dying_mid_batch_is_reported_and_a_reload_recove
     assert "The engine's step loop crashed" in caplog.text
     assert caplog.text.count("restarting it") == 1
     assert isinstance(engine.error, RuntimeError)
-    assert await becomes_true(
-        lambda: (
-            mock_config_entry.state is ConfigEntryState.LOADED
-            and mock_config_entry.runtime_data.backend.engine is not engine
-        ),
-        BOUND_S,
-    )
-    await hass.async_block_till_done(wait_background_tasks=True)
-    await _serves(hass, mock_config_entry)
+    await _reloaded_itself(hass, mock_config_entry, engine)
     assert await hass.config_entries.async_unload(mock_config_entry.entry_id)
 
 
@@ -547,14 +525,6 @@ async def test_a_model_file_rewritten_in_place_while_loaded_is_refused_and_reloa
             await _generate(hass)
         _assert_told(err.value, "engine_dead", "rewritten while loaded")
         assert caplog.text.count("restarting it") == 1
-        assert await becomes_true(
-            lambda: (
-                mock_config_entry.state is ConfigEntryState.LOADED
-                and mock_config_entry.runtime_data.backend.engine is not engine
-            ),
-            BOUND_S,
-        )
-        await hass.async_block_till_done(wait_background_tasks=True)
-        await _serves(hass, mock_config_entry)
+        await _reloaded_itself(hass, mock_config_entry, engine)
     finally:
         await hass.config_entries.async_unload(mock_config_entry.entry_id)

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 from homeassistant.core import HomeAssistant
-from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from benchmarks.soak import HassTarget, plan, soak, warm_up
-from custom_components.paged_llm.const import DOMAIN
+from tests.helpers.home_assistant import agent_entity_id
 
 REQUESTS = 100
-
-
-def _agent(hass: HomeAssistant, entry: MockConfigEntry, platform: str, kind: str) -> str:
-    """The entity id of the entry's agent of one kind."""
-    subentry = next(s for s in entry.subentries.values() if s.subentry_type == kind)
-    entity_id = er.async_get(hass).async_get_entity_id(platform, DOMAIN, subentry.subentry_id)
-    assert entity_id is not None
-    return entity_id
 
 
 async def test_mixed_requests_through_home_assistant_leave_no_fault_and_no_block(
@@ -27,8 +18,8 @@ async def test_mixed_requests_through_home_assistant_leave_no_fault_and_no_block
     target = HassTarget(
         hass,
         entry,
-        _agent(hass, entry, "conversation", "conversation"),
-        _agent(hass, entry, "ai_task", "ai_task_data"),
+        agent_entity_id(hass, entry, "conversation", "conversation"),
+        agent_entity_id(hass, entry, "ai_task", "ai_task_data"),
     )
     await warm_up(target)
     report = await soak(target, plan(REQUESTS, seed=2, summary_words=120), concurrency=8)
