@@ -23,6 +23,7 @@ COMMANDS = (
     "llama_cpp",
     "profile_step",
     "scheduler",
+    "soak",
     "structured",
     "two_engines",
     "weights",

@@ -22,6 +22,7 @@ from paged_llm.engine.errors import EngineDeadError, RequestRejected
 from paged_llm.engine.info import EngineInfo
 from paged_llm.engine.llm_engine import LLMEngine, Prompt
 from paged_llm.engine.metrics import EngineState, MetricsSnapshot
+from paged_llm.engine.model.file_identity import FileIdentity, ModelFileChanged, model_file
 from paged_llm.engine.model.loaded import NUMPY, LoadedModel
 from paged_llm.engine.model.selector import load_model, runner_for
 from paged_llm.engine.outputs import RequestOutput, StepTrace
@@ -146,6 +147,8 @@ class AsyncEngine:
         )
         self._stopping = False
         self._error: BaseException | None = None
+        # The GGUF file the model maps, as it was when loaded (None: not a file of its own).
+        self._model_file: FileIdentity | None = None
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._snapshot = MetricsSnapshot()
@@ -210,6 +213,9 @@ class AsyncEngine:
 
     def _build(self, progress: Callable[[float], None] | None = None) -> LLMEngine:
         """Blocking part of start: load weights, size and allocate the KV pool."""
+        # Taken before reading it: a write during the load counts as a change too.
+        path = model_file(self.config.model)
+        self._model_file = FileIdentity.of(path) if path is not None else None
         loaded = self._loaded if self._loaded is not None else load_model(self.config, progress)
         self._loaded = None
         return LLMEngine(loaded, self.config)
@@ -353,6 +359,24 @@ class AsyncEngine:
 
     # Requests ---------------------------------------------------------------------------
 
+    def _check_model_file(self) -> None:
+        """Stop serving, as a crash does, once the mapped model file was rewritten in place.
+
+        One stat per request. What ran meanwhile read a file changing under it; what comes
+        next would too: the engine fails every request with the cause, and its host reloads
+        it (the embedded backend asks for one reload), which maps the new file.
+        """
+        identity = self._model_file
+        if self._error is None and identity is not None and identity.changed_in_place():
+            err = ModelFileChanged(
+                f"the model file {identity.path} was rewritten while loaded; reload to use it"
+            )
+            _LOGGER.error("%s", err)
+            self._error = err
+            self._snapshot = replace(self._snapshot, engine_state=EngineState.UNLOADED)
+            self._fail_all(EngineDeadError(f"the engine failed: {err}"))
+            STEP_THREAD.wake()  # its next turn sees the error and leaves the step thread
+
     def _check_alive(self) -> None:
         """Raise EngineDeadError when no request can be served."""
         if self._error is not None:
@@ -386,6 +410,7 @@ class AsyncEngine:
         tools = check_tools(tools)
         chat_template_kwargs = check_template_kwargs(chat_template_kwargs)
         check_request_id(request_id)
+        self._check_model_file()
         self._check_alive()
         arrival = time.monotonic()
         loop = asyncio.get_running_loop()

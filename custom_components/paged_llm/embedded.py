@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -187,11 +188,30 @@ class EmbeddedBackend:
         """Tokens the engine's KV pool holds."""
         return int(self._info().pool_tokens)
 
+    @contextlib.asynccontextmanager
+    async def _in_use(self) -> AsyncIterator[None]:
+        """Hold the model loaded while a request or a count uses it (no idle unload under it).
+
+        A count that loaded the model and was then unloaded under it by an idle timer
+        armed before it came asked a stopped engine, and its caller got "the engine is
+        stopped" for a request that had only just arrived.
+        """
+        self._busy += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        try:
+            await self._async_ensure_loaded()
+            yield
+        finally:
+            self._busy -= 1
+            self._arm()
+
     async def async_count_tokens(self, text: str) -> int:
         """Tokens in ``text`` by the model's tokenizer (off the event loop)."""
-        await self._async_ensure_loaded()
-        tokenizer = self._tokenizer()
-        ids = await self._executor(tokenizer.encode, text, add_special_tokens=False)
+        async with self._in_use():
+            tokenizer = self._tokenizer()
+            ids = await self._executor(tokenizer.encode, text, add_special_tokens=False)
         return len(ids)
 
     async def _executor(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -208,17 +228,9 @@ class EmbeddedBackend:
         tools: list[dict[str, Any]] | None = None,
     ) -> AsyncIterator[Delta]:
         """Stream from the engine: chat messages through the template, or a transcript."""
-        self._busy += 1
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        try:
-            await self._async_ensure_loaded()
+        async with self._in_use():
             async for delta in self._stream(messages, sampling, priority, tools):
                 yield delta
-        finally:
-            self._busy -= 1
-            self._arm()
 
     async def _stream(
         self,
@@ -285,12 +297,12 @@ class EmbeddedBackend:
         """
         from paged_llm.engine.api import EngineError
 
-        await self._async_ensure_loaded()
-        prompt, kwargs, _ = self._prompt(messages, sampling)
-        try:
-            ids = await self.engine.tokenize(prompt, tools, kwargs)
-        except EngineError as err:
-            raise self._error(err) from err
+        async with self._in_use():
+            prompt, kwargs, _ = self._prompt(messages, sampling)
+            try:
+                ids = await self.engine.tokenize(prompt, tools, kwargs)
+            except EngineError as err:
+                raise self._error(err) from err
         return len(ids), True
 
     def _template_kwargs(self, sampling: Sampling) -> dict[str, Any] | None:

@@ -8,12 +8,11 @@ from typing import Any
 import probatio
 from homeassistant.components import conversation
 from homeassistant.config_entries import ConfigSubentry
-from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers import llm
 from homeassistant.helpers.entity import Entity
 
-from .backend import BackendError, Sampling
+from .backend import Sampling
 from .chat import async_stream
 from .const import (
     CONF_HOME_GRAMMAR,
@@ -31,7 +30,7 @@ from .const import (
     STRUCTURE_FREQUENCY_PENALTY,
     SUBENTRY_CONVERSATION,
 )
-from .errors import ha_error, one_error
+from .errors import raising_one_error
 from .home_grammar import async_get_home, grammar_tools
 from .prompt import (
     build_messages,
@@ -116,10 +115,11 @@ class PagedLLMBaseLLMEntity(Entity):
         Returns why the last answer ended (``"length"``: cut off at max_tokens).
         """
         settings = dict(self.subentry.data)
-        try:
+        # Reading the model's template fails like a request does: one translated error
+        # (Assist speaks a HomeAssistantError's message; anything else ends the pipeline
+        # with no answer at all).
+        with raising_one_error():
             native_tools = self.entry.runtime_data.backend.native_tools
-        except BackendError as err:
-            raise ha_error(err) from err
 
         tools: list[dict[str, Any]] | None = None
         grammar: list[dict[str, Any]] | None = None
@@ -156,7 +156,7 @@ class PagedLLMBaseLLMEntity(Entity):
         max_history = int(settings.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
         finish: list[str | None] = [None]
 
-        try:
+        with raising_one_error():
             for _iteration in range(MAX_TOOL_ITERATIONS):
                 messages = build_messages(
                     trim_history(chat_log.content, max_history),
@@ -174,12 +174,6 @@ class PagedLLMBaseLLMEntity(Entity):
                     pass
                 if not chat_log.unresponded_tool_results:
                     break
-        except HomeAssistantError:
-            raise
-        except Exception as err:
-            # Assist speaks a HomeAssistantError's message; anything else would end the
-            # pipeline with no answer at all.
-            raise one_error(err) from err
         return finish[0]
 
     def _grammar_tools(

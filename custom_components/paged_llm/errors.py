@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
 
 from .backend import BackendError
@@ -97,3 +100,18 @@ def one_error(err: Exception) -> HomeAssistantError:
         translation_key="generation_failed",
         translation_placeholders={"reason": str(err) or type(err).__name__},
     )
+
+
+@contextlib.contextmanager
+def raising_one_error() -> Iterator[None]:
+    """Let what fails inside leave as :func:`one_error`'s one translated error.
+
+    A HomeAssistantError passes as it is (it is its own translation; ``raise err from err``
+    would make it its own cause); cancellation (a stopped automation) passes too.
+    """
+    try:
+        yield
+    except HomeAssistantError:
+        raise
+    except Exception as err:
+        raise one_error(err) from err

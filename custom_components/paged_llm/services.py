@@ -10,7 +10,7 @@ from typing import Any
 
 import probatio
 from homeassistant.core import HomeAssistant, ServiceCall, ServiceResponse, SupportsResponse
-from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
+from homeassistant.exceptions import ServiceValidationError
 from homeassistant.helpers import config_validation as cv
 from homeassistant.helpers import selector, service
 
@@ -40,7 +40,7 @@ from .const import (
     SERVICE_SUMMARIZE,
 )
 from .entity import agent_sampling
-from .errors import one_error
+from .errors import raising_one_error
 from .runtime import PagedLLMConfigEntry
 from .summarize import Summarizer
 
@@ -93,12 +93,8 @@ def _one_error(
     @functools.wraps(handler)
     async def wrapped(call: ServiceCall) -> ServiceResponse:
         """Run the action; translate what fails."""
-        try:
+        with raising_one_error():
             return await handler(call)
-        except HomeAssistantError:
-            raise
-        except Exception as err:
-            raise one_error(err) from err
 
     return wrapped
 

@@ -27,6 +27,7 @@ from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model.bundled import bundled_file, fetched_yet
 from paged_llm.engine.model.loaded import NUMPY, TORCH, LoadedModel
 from paged_llm.engine.model.progress import Progress, part
+from paged_llm.kernels.cpu.native_build import retry_failed_builds
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -110,6 +111,9 @@ def load_model(
     first (once), its download reported as the first part of ``progress``.
     """
     progress = _fetch_first(config, progress)
+    # A kernel build that failed at an earlier load (a full or unwritable cache) gets
+    # another try: reloading the entry after freeing space is enough.
+    retry_failed_builds()
     if runner_for(config) == NUMPY:
         from paged_llm.engine.model.cpu_model import load_cpu_model
 

@@ -58,13 +58,19 @@ def compile_library(compiler: str, source: Path, output: Path, target: Sequence[
     # Only a compiler without OpenMP builds without it: trying the plain build after any
     # failure once hid an OpenMP-only error in the code behind a one-thread library.
     extra = ["-fopenmp"] if has_openmp(compiler) else []
-    done = subprocess.run(
-        [*base, *extra, "-o", str(tmp)], capture_output=True, text=True, timeout=300
-    )
-    if done.returncode != 0:
+    try:
+        done = subprocess.run(
+            [*base, *extra, "-o", str(tmp)], capture_output=True, text=True, timeout=300
+        )
+        if done.returncode != 0:
+            raise subprocess.SubprocessError(
+                done.stderr.strip()[-500:] or f"exit {done.returncode}"
+            )
+        os.replace(tmp, output)
+    except BaseException:
+        # A build cut short (a full disk, a timeout) leaves no half-written library behind.
         tmp.unlink(missing_ok=True)
-        raise subprocess.SubprocessError(done.stderr.strip()[-500:] or f"exit {done.returncode}")
-    os.replace(tmp, output)
+        raise
 
 
 @functools.cache

@@ -53,6 +53,10 @@ def default_build_dir() -> Path:
     return Path(base) / "paged-llm" / "kernels"
 
 
+# Every library made, so a new model load can retry the builds that failed.
+_LIBRARIES: list[Library] = []
+
+
 class Library:
     """One of the engine's C libraries: built and loaded by the first caller, once per process."""
 
@@ -65,6 +69,13 @@ class Library:
         self._lock = threading.Lock()
         # (library, why not) once the first caller tried to load it.
         self._state: tuple[ctypes.CDLL | None, str | None] | None = None
+        _LIBRARIES.append(self)
+
+    def forget_failure(self) -> None:
+        """Let the next use try the build again if the last try failed (a full disk, say)."""
+        with self._lock:
+            if self._state is not None and self._state[0] is None:
+                self._state = None
 
     def unavailable(self, build_dir: Path | None = None) -> str | None:
         """Why it cannot run here (no compiler, a failed build), or None when it can.
@@ -88,6 +99,16 @@ class Library:
         assert self._state is not None
         assert self._state[0] is not None
         return self._state[0]
+
+
+def retry_failed_builds() -> None:
+    """Let each library whose build failed try again at its next use: a new model load.
+
+    A cache folder that was full or unwritable at the first load is often fixed by the
+    time the user reloads; without this only a restart of the process built them.
+    """
+    for library in list(_LIBRARIES):
+        library.forget_failure()
 
 
 FORWARD_SOURCE = Path(__file__).parent / "src" / "cpu_forward.c"

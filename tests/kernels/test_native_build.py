@@ -101,3 +101,74 @@ def test_code_that_fails_under_openmp_is_an_error_not_a_one_thread_build(tmp_pat
     )
     with pytest.raises(subprocess.SubprocessError):
         native_build.build(compiler, tmp_path / "build", source, "broken")
+
+
+def _tiny_source(tmp_path: Path) -> Path:
+    """A one-function C file: quick to build."""
+    source = tmp_path / "tiny.c"
+    source.write_text("int tiny(int x) { return x + 1; }\n")
+    return source
+
+
+def test_an_unwritable_build_folder_is_a_reason_not_a_crash(tmp_path: Path) -> None:
+    """The kernels cannot be built where the cache cannot be written: load says why.
+
+    The tests run as root, for whom no mode bit forbids writing, so the folder sits under a
+    plain file (mkdir fails with an OSError as it does for a read-only folder).
+    """
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file, not a folder")
+    lib, reason = native_build.load(blocker / "kernels", _tiny_source(tmp_path), "tiny")
+    assert lib is None
+    assert reason is not None
+    assert "failed" in reason
+    assert blocker.read_text() == "a file, not a folder"
+
+
+def test_a_build_cut_short_by_a_full_disk_leaves_no_partial_library(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """ "Full" is simulated: the compiler writes half its output, then fails with ENOSPC."""
+    compiler = native_build.find_compiler()
+    if compiler is None:
+        pytest.skip("no C compiler")
+    real_run = subprocess.run
+
+    def full_disk(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        """The compile writes part of its output and stops as a full disk stops it."""
+        if "-o" not in command:
+            return real_run(command, **kwargs)  # type: ignore[call-overload,no-any-return]
+        Path(command[command.index("-o") + 1]).write_bytes(b"\x7fELF half")
+        return subprocess.CompletedProcess(command, 1, "", "No space left on device")
+
+    monkeypatch.setattr(native_build.subprocess, "run", full_disk)
+    build_dir = tmp_path / "kernels"
+    lib, reason = native_build.load(build_dir, _tiny_source(tmp_path), "tiny")
+    assert lib is None
+    assert reason is not None
+    assert "No space left on device" in reason
+    # Nothing half-written stays to be loaded (or to fill the disk) later.
+    assert list(build_dir.iterdir()) == []
+    monkeypatch.setattr(native_build.subprocess, "run", real_run)
+    lib, reason = native_build.load(build_dir, _tiny_source(tmp_path), "tiny")
+    assert reason is None
+    assert lib is not None
+    assert lib.tiny(41) == 42
+
+
+def test_a_failed_build_is_tried_again_at_the_next_load(tmp_path: Path) -> None:
+    """A cache full or unwritable at the first load: fixed, the next model load builds."""
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file, not a folder")
+    source = _tiny_source(tmp_path)
+    library = native_build.Library(
+        "tiny", lambda _dir: native_build.load(blocker / "k", source, "tiny")
+    )
+    assert library.unavailable() is not None
+    blocker.unlink()  # the user frees the folder
+    assert library.unavailable() is not None  # remembered: no build per call
+    native_build.retry_failed_builds()  # what each model load does first
+    assert library.unavailable() is None
+    assert library.get().tiny(1) == 2
+    native_build.retry_failed_builds()  # a library that built is kept
+    assert library.get().tiny(2) == 3

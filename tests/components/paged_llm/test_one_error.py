@@ -20,6 +20,7 @@ from custom_components.paged_llm.backend import BackendError
 from custom_components.paged_llm.const import DOMAIN
 from custom_components.paged_llm.embedded import EmbeddedBackend
 from custom_components.paged_llm.errors import one_error
+from tests.helpers.home_assistant import engine_settled
 from tests.helpers.support import becomes_true
 
 # Long enough for a 512-token context to cut it into more parts than run at once.
@@ -33,17 +34,6 @@ async def _small_context_entry(hass: HomeAssistant, entry: MockConfigEntry) -> A
     # With the agent's prompt warm-up, so the summary's requests are the only ones.
     await hass.async_block_till_done(wait_background_tasks=True)
     return entry.runtime_data.backend.engine
-
-
-async def _settled(engine: Any) -> Any:
-    """The engine's metrics once nothing runs, waits or holds a block (within 10 s)."""
-    for _ in range(200):
-        metrics = engine.metrics()
-        idle = metrics.num_requests_running == metrics.num_requests_waiting == 0
-        if idle and metrics.kv_blocks_used == 0:
-            break
-        await asyncio.sleep(0.05)
-    return metrics
 
 
 async def _parts_running(engine: Any) -> None:
@@ -66,7 +56,7 @@ def _assert_one_restarting_error(err: BaseException) -> None:
 async def _serves(hass: HomeAssistant, entry: MockConfigEntry) -> None:
     """The reloaded entry's engine holds no block and answers the next request."""
     engine = entry.runtime_data.backend.engine
-    assert (await _settled(engine)).kv_blocks_used == 0
+    assert (await engine_settled(engine)).kv_blocks_used == 0
     data = {"prompt": "hello", "max_tokens": 4}
     response = await hass.services.async_call(
         DOMAIN, "generate", data, blocking=True, return_response=True
@@ -191,7 +181,7 @@ async def test_parts_failing_together_on_a_live_engine_give_one_error_and_free_t
         assert isinstance(err.value.__cause__, ExceptionGroup)
         assert len(err.value.__cause__.exceptions) == 2
         # The parts still running were cancelled: their requests aborted, their blocks back.
-        metrics = await _settled(engine)
+        metrics = await engine_settled(engine)
         assert metrics.num_requests_running == metrics.num_requests_waiting == 0
         assert metrics.kv_blocks_used == 0
         assert engine.is_running
