@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from typing import Any
 
 import pytest
-from homeassistant.components import ai_task
-from homeassistant.core import HomeAssistant
+from homeassistant.components import ai_task, conversation
+from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import ServiceValidationError
 from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
@@ -15,6 +17,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 from custom_components.paged_llm.const import DOMAIN
 from custom_components.paged_llm.evaluate import build_queries, distribution
 from paged_llm.engine.api import SamplingParams
+from paged_llm.engine.core.sequence import Priority
 
 STATE = {
     "time": "23:40",
@@ -215,3 +218,80 @@ async def test_bad_questions_fail_clearly_and_leave_nothing_in_the_pool(
     result = await _evaluate(hass, entity_id, {"awake": QUESTIONS["awake"]})
     assert 0.0 < result["answers"]["awake"]["noul"] < 1.0
     assert kv.num_used_blocks == 0
+
+
+async def test_a_voice_query_never_waits_behind_a_big_evaluation(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    entry = init_integration
+    engine = entry.runtime_data.backend.engine
+    llm_engine = engine._llm
+    subentry = next(s for s in entry.subentries.values() if s.subentry_type == "conversation")
+    agent = er.async_get(hass).async_get_entity_id("conversation", DOMAIN, subentry.subentry_id)
+    assert agent is not None
+    await hass.async_block_till_done(wait_background_tasks=True)
+
+    # After every step, note whether a voice request was left waiting.
+    scheduler = llm_engine.scheduler
+    real_schedule = scheduler.schedule
+    voice_left_waiting: list[int] = []
+
+    def schedule() -> Any:
+        out = real_schedule()
+        voice_left_waiting.append(scheduler.num_waiting_by_class()[Priority.INTERACTIVE])
+        return out
+
+    outputs: list[Any] = []
+    alternatives_started = asyncio.Event()
+    real_generate = engine.generate
+
+    async def observed(prompt: Any, params: Any, priority: Any, **kwargs: Any) -> Any:
+        if params.max_tokens == 0 and params.prompt_logprobs_from != -1:
+            alternatives_started.set()
+        async for out in real_generate(prompt, params, priority, **kwargs):
+            if out.finished:
+                outputs.append((priority, params, out, time.monotonic()))
+            yield out
+
+    # Eight questions of eight options over a long state: 64 requests.
+    state = {f"sensor.room_{i}_noise": f"{20 + i} dB" for i in range(120)}
+    questions = {
+        f"q{q}": {
+            "type": "choice",
+            "instructions": f"Which room is loudest, guess {q}?",
+            "criteria": {f"room_{q}_{i}": f"room number {i}" for i in range(8)},
+        }
+        for q in range(8)
+    }
+    scheduler.schedule = schedule  # type: ignore[method-assign]
+    engine.generate = observed  # type: ignore[method-assign]
+
+    async def evaluate() -> tuple[Any, float]:
+        result = await _evaluate(hass, _entity_id(hass, entry), questions, state)
+        return result, time.monotonic()
+
+    async def voice() -> tuple[conversation.ConversationResult, float]:
+        await alternatives_started.wait()
+        asked = time.monotonic()
+        answer = await conversation.async_converse(
+            hass, "Is the light on?", None, Context(), agent_id=agent
+        )
+        return answer, asked
+
+    try:
+        (result, evaluated_at), (answer, asked_at) = await asyncio.gather(evaluate(), voice())
+    finally:
+        del engine.generate
+        del scheduler.schedule
+    assert len(result["answers"]) == 8
+    assert answer.response.speech["plain"]["speech"]
+    voice_outputs = [
+        o for p, params, o, _ in outputs if p == "interactive" and params.max_tokens > 1
+    ]
+    assert len(voice_outputs) == 1
+    # Asked while the evaluation ran; never left waiting a step, never preempted.
+    assert asked_at < evaluated_at
+    assert voice_left_waiting
+    assert not any(voice_left_waiting)
+    assert voice_outputs[0].timing.num_preemptions == 0
+    assert llm_engine.kv_manager.num_used_blocks == 0
