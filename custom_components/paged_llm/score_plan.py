@@ -4,8 +4,9 @@ Each alternative is scored as the assistant's whole reply: its own tokens, then 
 the chat template writes to end the turn, so an alternative that is the start of another
 ("kitchen", "kitchen_upstairs") is not counted for the longer one. The tokens every
 request starts with (the state prompt) form one trunk, read first on its own so the prefix
-cache holds it; then every alternative of every question runs at once, each reading only
-its question and its answer.
+cache holds it; then each question's own prompt (its branch: the question and its options),
+all questions at once; then every alternative of every question at once, each reading only
+its own tokens (and the part of a KV block the cache cannot share).
 """
 
 from __future__ import annotations
@@ -32,10 +33,15 @@ class ScoreRequest:
 
 @dataclass(slots=True)
 class ScorePlan:
-    """Every request of an evaluation, per query; ``trunk``: the prefix read first ([]: none)."""
+    """Every request of an evaluation, per query, and the prefixes read before them.
+
+    ``trunk``: the tokens every request starts with ([]: none worth a request);
+    ``branches``: each query's own prefix, read after the trunk ([] where none is worth it).
+    """
 
     requests: list[list[ScoreRequest]]
     trunk: list[int]
+    branches: list[list[int]]
 
 
 @dataclass(slots=True)
@@ -117,7 +123,13 @@ def build_plan(
         requests.append(rows)
     flat = [row.ids for rows in requests for row in rows]
     trunk = _common_prefix(flat) if len(flat) > 1 else []
-    return ScorePlan(requests, trunk if len(trunk) >= MIN_TRUNK_TOKENS else [])
+    trunk = trunk if len(trunk) >= MIN_TRUNK_TOKENS else []
+    branches = []
+    for rows in requests:
+        branch = _common_prefix([row.ids for row in rows]) if len(rows) > 1 else []
+        # Worth a request where it adds a KV block's worth to the trunk.
+        branches.append(branch if len(branch) >= len(trunk) + MIN_TRUNK_TOKENS else [])
+    return ScorePlan(requests, trunk, branches)
 
 
 async def run_plan(
@@ -125,12 +137,16 @@ async def run_plan(
 ) -> list[list[float]]:
     """Run a plan with ``score(ids, tail)`` (the tail's summed log probability).
 
-    The trunk first, alone; then every request at once, in one task group so a failure
-    cancels (and so aborts) the rest.
+    The trunk first, alone; then the branches at once; then every request at once, each
+    stage in one task group so a failure cancels (and so aborts) the rest.
     """
     if plan.trunk:
         await score(plan.trunk, 1)
     try:
+        async with asyncio.TaskGroup() as group:
+            for branch in plan.branches:
+                if branch:
+                    group.create_task(score(branch, 1))
         async with asyncio.TaskGroup() as group:
             tasks: list[list[asyncio.Task[float]]] = [
                 [group.create_task(score(row.ids, row.tail)) for row in rows]

@@ -129,9 +129,9 @@ async def test_every_question_type_answers_from_probabilities(
     assert math.fsum(levels) == pytest.approx(1.0, abs=1e-6)
     assert urgency["score"] == pytest.approx(sum(i * p for i, p in enumerate(levels)))
 
-    # Automation work; one trunk request (the shared state) then the 2 + 4 + 5 alternatives,
-    # each of which read the trunk from the prefix cache.
-    assert priorities == ["automation"] * 12
+    # Automation work: one trunk request (the shared state), one branch per question (its
+    # prompt), then the 2 + 4 + 5 alternatives; all but the trunk read the cache.
+    assert priorities == ["automation"] * 15
     assert all(tokens >= 16 for tokens in cached[1:])
     assert init_integration.runtime_data.backend.engine._llm.kv_manager.num_used_blocks == 0
 
