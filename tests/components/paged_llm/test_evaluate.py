@@ -18,6 +18,7 @@ from custom_components.paged_llm.const import DOMAIN
 from custom_components.paged_llm.evaluate import build_queries, distribution
 from paged_llm.engine.api import SamplingParams
 from paged_llm.engine.core.sequence import Priority
+from tests.components.paged_llm.test_ai_task import _ai_task_entity_id as _entity_id
 
 STATE = {
     "time": "23:40",
@@ -44,14 +45,6 @@ QUESTIONS: dict[str, Any] = {
         "criteria": ["not at all", "a little", "somewhat", "very", "at once"],
     },
 }
-
-
-def _entity_id(hass: HomeAssistant, entry: MockConfigEntry) -> str:
-    """The entity id of the entry's AI task agent."""
-    subentry = next(s for s in entry.subentries.values() if s.subentry_type == "ai_task_data")
-    entity_id = er.async_get(hass).async_get_entity_id("ai_task", DOMAIN, subentry.subentry_id)
-    assert entity_id is not None
-    return entity_id
 
 
 async def _evaluate(
