@@ -401,6 +401,8 @@ class OpenAIClient:
     ) -> list[float] | None:
         """Log probabilities of the last ``tail`` tokens of ``prompt`` (vLLM's prompt_logprobs).
 
+        A ``tail`` of 0 only reads the prompt (into the server's prefix cache): [].
+
         A completion of one token; ``prompt_logprobs_from`` (this project's server) scores
         only the tail, so the rest may come from its prefix cache; vLLM ignores it. None
         where the server returns no prompt log probabilities.
@@ -410,9 +412,9 @@ class OpenAIClient:
             "prompt": list(prompt),
             "max_tokens": 1,
             "temperature": 0,
-            "prompt_logprobs": 0,
-            "prompt_logprobs_from": -tail,
         }
+        if tail:
+            body.update(prompt_logprobs=0, prompt_logprobs_from=-tail)
         if priority is not None and self.sends_priority:
             body["priority"] = priority
         try:
@@ -423,6 +425,8 @@ class OpenAIClient:
             self.sends_priority = False
             body.pop("priority")
             data = await self._post(f"{self.api}/completions", body)
+        if not tail:
+            return []  # only read into the server's prefix cache
         choices = data.get("choices") if isinstance(data, dict) else None
         scored = choices[0].get("prompt_logprobs") if choices else None
         if not isinstance(scored, list) or len(scored) != len(prompt):

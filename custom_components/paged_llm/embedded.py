@@ -258,9 +258,17 @@ class EmbeddedBackend:
         )
 
     async def _score_tail(self, priority: str, ids: list[int], tail: int) -> float:
-        """The summed log probability of the last ``tail`` of ``ids`` (one scoring request)."""
+        """The summed log probability of the last ``tail`` of ``ids`` (one scoring request).
+
+        A tail of 0 reads ``ids`` into the prefix cache: a plain request of one token.
+        """
         from paged_llm.engine.api import SamplingParams
 
+        if tail == 0:
+            read = SamplingParams(temperature=0.0, max_tokens=1)
+            async for _out in self.engine.generate(ids, read, priority):
+                pass
+            return 0.0
         params = SamplingParams(
             temperature=0.0, max_tokens=0, prompt_logprobs=0, prompt_logprobs_from=-tail
         )

@@ -137,16 +137,19 @@ async def run_plan(
 ) -> list[list[float]]:
     """Run a plan with ``score(ids, tail)`` (the tail's summed log probability).
 
+    A tail of 0 only reads ``ids`` into the prefix cache (no log probabilities: those
+    would cost the model's head on every row of the prompt's chunks).
+
     The trunk first, alone; then the branches at once; then every request at once, each
     stage in one task group so a failure cancels (and so aborts) the rest.
     """
     if plan.trunk:
-        await score(plan.trunk, 1)
+        await score(plan.trunk, 0)
     try:
         async with asyncio.TaskGroup() as group:
             for branch in plan.branches:
                 if branch:
-                    group.create_task(score(branch, 1))
+                    group.create_task(score(branch, 0))
         async with asyncio.TaskGroup() as group:
             tasks: list[list[asyncio.Task[float]]] = [
                 [group.create_task(score(row.ids, row.tail)) for row in rows]
