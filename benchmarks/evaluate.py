@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--entities", type=int, default=60, help="entities in the state")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--answer-tokens", type=int, default=16)
-    # 256 MiB (about 5,800 tokens of the bundled model) is evicted under the interactive
-    # reserve: the options then read the whole state again (12x). Measured 2026-12-07.
+    # One run at 256 MiB (2026-12-07, a loaded machine) took 12x the prefill, cause not
+    # found (an isolated run at 256 MiB read the state once, as it should); 1 GiB did not.
     parser.add_argument("--kv-budget-mib", type=int, default=1024)
     args = parser.parse_args(argv)
     config = EngineConfig(
