@@ -15,6 +15,7 @@ COMMANDS = (
     "block_map",
     "cpu_attention",
     "cpu_quant",
+    "evaluate",
     "gguf",
     "gguf_kernels",
     "gguf_models",

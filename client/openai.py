@@ -366,6 +366,95 @@ class OpenAIClient:
 
     async def _tokenize(self, body: Mapping[str, Any]) -> int | None:
         """The count ``/tokenize`` gives for ``body``; None where the server has no such call."""
+        data = await self._tokenized(body)
+        count = data.get("count") if data is not None else None
+        return int(count) if isinstance(count, int) else None
+
+    async def tokens(
+        self,
+        model: str,
+        *,
+        text: str | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int] | None:
+        """Token ids by the server's ``/tokenize`` (vLLM's); None where it has none.
+
+        ``text`` without special tokens, or chat ``messages`` through the server's template
+        with the generation prompt, as a chat completion renders them.
+        """
+        body: dict[str, Any] = {"model": model}
+        if messages is not None:
+            body.update(messages=list(messages), add_generation_prompt=True)
+            if chat_template_kwargs:
+                body["chat_template_kwargs"] = dict(chat_template_kwargs)
+        else:
+            body.update(prompt=text, add_special_tokens=False)
+        data = await self._tokenized(body)
+        ids = data.get("tokens") if data is not None else None
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            return None
+        return ids
+
+    async def score_tail(
+        self, model: str, prompt: Sequence[int], tail: int, priority: int | None = None
+    ) -> list[float] | None:
+        """Log probabilities of the last ``tail`` tokens of ``prompt`` (vLLM's prompt_logprobs).
+
+        A ``tail`` of 0 only reads the prompt (into the server's prefix cache): [].
+
+        A completion of one token; ``prompt_logprobs_from`` (this project's server) scores
+        only the tail, so the rest may come from its prefix cache; vLLM ignores it. None
+        where the server returns no prompt log probabilities.
+        """
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": list(prompt),
+            "max_tokens": 1,
+            "temperature": 0,
+        }
+        if tail:
+            body.update(prompt_logprobs=0, prompt_logprobs_from=-tail)
+        if priority is not None and self.sends_priority:
+            body["priority"] = priority
+        try:
+            data = await self._post(f"{self.api}/completions", body)
+        except RequestError as err:
+            if "priority" not in body or _PRIORITY_REFUSED not in str(err).lower():
+                raise
+            self.sends_priority = False
+            body.pop("priority")
+            data = await self._post(f"{self.api}/completions", body)
+        if not tail:
+            return []  # only read into the server's prefix cache
+        choices = data.get("choices") if isinstance(data, dict) else None
+        scored = choices[0].get("prompt_logprobs") if choices else None
+        if not isinstance(scored, list) or len(scored) != len(prompt):
+            return None
+        values: list[float] = []
+        for token, entry in zip(prompt[-tail:], scored[-tail:], strict=True):
+            found = entry.get(str(token)) if isinstance(entry, dict) else None
+            if not isinstance(found, dict) or not isinstance(found.get("logprob"), int | float):
+                return None
+            values.append(float(found["logprob"]))
+        return values
+
+    async def _post(self, url: str, body: Mapping[str, Any]) -> Any:
+        """POST ``body`` and read the JSON answer; raises the ClientError of a failure."""
+        try:
+            async with self._session.post(
+                url, json=body, headers=self._headers, timeout=self._timeout()
+            ) as resp:
+                if resp.status != 200:
+                    raise status_error(
+                        resp.status, await resp.text(), resp.headers.get("Retry-After")
+                    )
+                return await resp.json()
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise unreachable(self.root, err) from err
+
+    async def _tokenized(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What ``/tokenize`` answers for ``body``; None where the server has no such call."""
         try:
             async with self._session.post(
                 f"{self.root}/tokenize",
@@ -378,8 +467,7 @@ class OpenAIClient:
                 data = await resp.json()
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
-        count = data.get("count") if isinstance(data, dict) else None
-        return int(count) if isinstance(count, int) else None
+        return data if isinstance(data, dict) else None
 
     async def test_chat(self, model: str) -> None:
         """Ask for one token: raises the error a real request would meet."""

@@ -92,6 +92,7 @@ def sampling_params(
     chat_template: str | None = None,
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
+    prompt_logprobs_from: int = 0,
 ) -> SamplingParams:
     """SamplingParams for a request's fields (InvalidSamplingParams naming a bad one).
 
@@ -112,6 +113,7 @@ def sampling_params(
         presence_penalty=presence_penalty,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        prompt_logprobs_from=prompt_logprobs_from,
         **structured,
     )
 

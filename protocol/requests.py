@@ -50,6 +50,10 @@ class GenerationRequest:
     logprobs: int | None = None
     # vLLM's prompt_logprobs: the prompt tokens' logprobs with this many alternatives.
     prompt_logprobs: int | None = None
+    # This server's extension: score the prompt from this position on (negative: from its
+    # end), so the prefix before it may come from the prefix cache. vLLM ignores the field
+    # and scores the whole prompt: the same numbers for the positions asked.
+    prompt_logprobs_from: int = 0
 
 
 @dataclass(slots=True)
@@ -191,6 +195,7 @@ def _common(body: dict[str, Any], request: GenerationRequest) -> None:
     if n not in (None, 1):
         raise bad_field("n", f"only n=1 is supported, got {n}")
     request.prompt_logprobs = _logprob_count(body, "prompt_logprobs")
+    request.prompt_logprobs_from = _integer(body, "prompt_logprobs_from") or 0
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_field("stream", f"must be true or false, got {stream!r}")

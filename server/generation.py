@@ -94,6 +94,7 @@ def sampling_params(
             chat_template=chat_template,
             logprobs=request.logprobs,
             prompt_logprobs=_prompt_logprobs(request),
+            prompt_logprobs_from=request.prompt_logprobs_from,
         )
     except InvalidSamplingParams as err:
         raise engine_error(err, 1) from None

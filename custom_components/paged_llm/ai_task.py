@@ -14,6 +14,7 @@ from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
 from .const import DOMAIN, LOGGER, PRIORITY_AI_TASK, SUBENTRY_AI_TASK
 from .entity import PagedLLMBaseLLMEntity
+from .evaluate import async_evaluate
 from .runtime import PagedLLMConfigEntry
 
 # The engine queues and prioritises requests itself; Home Assistant need not limit them.
@@ -82,8 +83,15 @@ def parse_structured_output(text: str, structure: probatio.Schema, cut_off: bool
 class PagedLLMTaskEntity(ai_task.AITaskEntity, PagedLLMBaseLLMEntity):
     """An AI task agent; its requests run in the automation class."""
 
-    _attr_supported_features = ai_task.AITaskEntityFeature.GENERATE_DATA
+    _attr_supported_features = (
+        ai_task.AITaskEntityFeature.GENERATE_DATA | ai_task.AITaskEntityFeature.EVALUATE
+    )
     _priority = PRIORITY_AI_TASK
+
+    @override
+    async def _async_evaluate(self, task: ai_task.EvaluationTask) -> ai_task.EvaluationTaskResult:
+        """Answer the questions from the model's probabilities, as automation work."""
+        return await async_evaluate(self.hass, self.entry, task, self._priority)
 
     @override
     async def _async_generate_data(

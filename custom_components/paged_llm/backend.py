@@ -52,6 +52,14 @@ class Delta:
     cached_tokens: int = 0
 
 
+@dataclass(slots=True)
+class ScoreQuery:
+    """Chat messages and the answers to score after them, each as the assistant's whole reply."""
+
+    messages: list[dict[str, Any]]
+    continuations: list[str]
+
+
 class BackendError(Exception):
     """A request failed; ``key`` is the translation key, ``reason`` the backend's words.
 
@@ -123,6 +131,15 @@ class Backend(Protocol):
         tools: list[dict[str, Any]] | None = None,
     ) -> AsyncIterator[Delta]:
         """Stream an answer to chat messages; raises BackendError."""
+
+    async def async_score(self, queries: Sequence[ScoreQuery], priority: str) -> list[list[float]]:
+        """Each continuation's summed log probability, per query (its tokens and end of turn).
+
+        The queries' shared prompt is read once (the prefix cache) and the continuations run
+        side by side. Raises BackendError: ``evaluate_same_tokens`` and
+        ``evaluate_context_too_long`` (the caller's), ``evaluate_unsupported`` (a server
+        that returns no log probabilities).
+        """
 
     def metrics(self) -> MetricsSnapshot:
         """The latest metrics snapshot known."""

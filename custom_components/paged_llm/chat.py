@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 
-from .backend import BackendError, Delta, Sampling
+from .backend import BackendError, Delta, Sampling, ScoreQuery
 from .const import LOGGER
 from .errors import ha_error, one_error
 from .runtime import PagedLLMConfigEntry
@@ -38,9 +39,16 @@ async def async_stream(
     # No availability check first: a stopped engine says so itself, and a server that is
     # back answers at once, before the next metrics poll notices.
     backend = entry.runtime_data.backend
-    try:
+    with _translated(hass, entry):
         async for delta in backend.stream(messages, sampling, priority, tools):
             yield delta
+
+
+@contextlib.contextmanager
+def _translated(hass: HomeAssistant, entry: PagedLLMConfigEntry) -> Iterator[None]:
+    """Turn a backend's failure into one translated error; a crashed engine is reloaded."""
+    try:
+        yield
     except BackendError as err:
         if err.restart:
             # The engine's step loop crashed: restart it rather than stay broken.
@@ -51,6 +59,17 @@ async def async_stream(
         raise
     except Exception as err:
         raise one_error(err) from err
+
+
+async def async_score(
+    hass: HomeAssistant,
+    entry: PagedLLMConfigEntry,
+    queries: Sequence[ScoreQuery],
+    priority: str,
+) -> list[list[float]]:
+    """Each query's continuations' log probabilities; failures become translated errors."""
+    with _translated(hass, entry):
+        return await entry.runtime_data.backend.async_score(queries, priority)
 
 
 async def async_complete(

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from paged_llm.protocol.snapshot import MetricsSnapshot
 
-from .backend import BackendError, Delta, Sampling
+from .backend import BackendError, Delta, Sampling, ScoreQuery
 from .const import LOGGER
 from .errors import load_error_key
 from .prompt import PLAIN_STOP, chat_template, render_plain, template_knows_tools
+from .score_plan import QueryTokens, build_plan, run_plan
 
 if TYPE_CHECKING:
     from paged_llm.engine.api import (
@@ -231,6 +232,58 @@ class EmbeddedBackend:
         async with self._in_use():
             async for delta in self._stream(messages, sampling, priority, tools):
                 yield delta
+
+    async def async_score(self, queries: Sequence[ScoreQuery], priority: str) -> list[list[float]]:
+        """Score continuations with prompt log probabilities (see score_plan), nothing generated."""
+        from paged_llm.engine.api import EngineError
+
+        async with self._in_use():
+            try:
+                tokens = [await self._score_tokens(query) for query in queries]
+                plan = build_plan(queries, tokens, self.context_size)
+                return await run_plan(plan, functools.partial(self._score_tail, priority))
+            except EngineError as err:
+                raise self._error(err, restart=True) from err
+
+    async def _score_tokens(self, query: ScoreQuery) -> QueryTokens:
+        """A query's tokens: its prompt, its first answer in the conversation, each answer."""
+        # Answers come without reasoning: a template's switch, where it has one, is off.
+        sampling = Sampling(max_tokens=1, temperature=0.0, thinking=False)
+        prompt, kwargs, _ = self._prompt(query.messages, sampling)
+        first = {"role": "assistant", "content": query.continuations[0]}
+        answered, _, _ = self._prompt([*query.messages, first], sampling)
+        engine = self.engine
+        return QueryTokens(
+            prompt=await engine.tokenize(prompt, None, kwargs),
+            answered=await engine.tokenize(answered, None, kwargs),
+            continuations=[
+                await engine.tokenize(text, add_special_tokens=False)
+                for text in query.continuations
+            ],
+        )
+
+    async def _score_tail(self, priority: str, ids: list[int], tail: int) -> float:
+        """The summed log probability of the last ``tail`` of ``ids`` (one scoring request).
+
+        A tail of 0 reads ``ids`` into the prefix cache: a plain request of one token.
+        """
+        from paged_llm.engine.api import SamplingParams
+
+        if tail == 0:
+            read = SamplingParams(temperature=0.0, max_tokens=1)
+            async for _out in self.engine.generate(ids, read, priority):
+                pass
+            return 0.0
+        params = SamplingParams(
+            temperature=0.0, max_tokens=0, prompt_logprobs=0, prompt_logprobs_from=-tail
+        )
+        scored: list[Any] = []
+        async for out in self.engine.generate(ids, params, priority):
+            if out.prompt_logprobs is not None:
+                scored = out.prompt_logprobs[-tail:]
+        if len(scored) != tail or any(record is None for record in scored):
+            raise BackendError("generation_failed", "the engine scored no prompt tokens")
+        return float(sum(record.logprob for record in scored))
 
     async def _stream(
         self,

@@ -61,7 +61,7 @@ def ha_error(err: BackendError) -> HomeAssistantError:
     )
 
 
-def _first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:
+def first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The failure of a group that says most: the first translated or backend error.
 
     A task group collects its tasks' failures in the order they failed; when several
@@ -89,7 +89,7 @@ def one_error(err: Exception) -> HomeAssistantError:
     an unexpected exception is logged with its traceback and named in the message.
     """
     if isinstance(err, BaseExceptionGroup):
-        err = _first_failure(err)  # type: ignore[assignment]
+        err = first_failure(err)  # type: ignore[assignment]
     if isinstance(err, HomeAssistantError):
         return err
     if isinstance(err, BackendError):

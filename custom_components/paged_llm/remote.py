@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -28,7 +29,8 @@ from paged_llm.metric_windows import LatencyWindows, RateWindow
 from paged_llm.protocol.priority import to_vllm
 from paged_llm.protocol.snapshot import EngineState, MetricsSnapshot
 
-from .backend import BackendError, Delta, Sampling
+from .backend import BackendError, Delta, Sampling, ScoreQuery
+from .score_plan import QueryTokens, build_plan, run_plan
 
 # When the server does not say its context length (only vLLM and this project's do).
 FALLBACK_CONTEXT = 4096
@@ -230,6 +232,52 @@ class RemoteBackend:
         except ClientError as err:
             self._failed(err)
             raise client_error(err, self.client.root) from err
+
+    async def async_score(self, queries: Sequence[ScoreQuery], priority: str) -> list[list[float]]:
+        """Score continuations through the server's /tokenize and prompt log probabilities.
+
+        The chat template is the server's (``/tokenize`` renders messages as a chat
+        completion does); the prompt goes back as token ids to ``/v1/completions`` with
+        vLLM's ``prompt_logprobs``. A server without either cannot evaluate: it says so
+        rather than answer from anything else.
+        """
+        try:
+            tokens = [await self._score_tokens(query) for query in queries]
+            plan = build_plan(queries, tokens, self._context, generated=1)
+            return await run_plan(plan, functools.partial(self._score_tail, to_vllm(priority)))
+        except ClientError as err:
+            self._failed(err)
+            raise client_error(err, self.client.root) from err
+
+    def _cannot_evaluate(self, what: str) -> BackendError:
+        """The error of a server that lacks what evaluating needs (``what`` it lacks)."""
+        return BackendError(
+            "evaluate_unsupported", f"{self.client.root} returns no {what}", placeholders={}
+        )
+
+    async def _score_tokens(self, query: ScoreQuery) -> QueryTokens:
+        """A query's tokens by the server's tokenizer and template (see score_plan)."""
+        kwargs = {"enable_thinking": False}
+        first = {"role": "assistant", "content": query.continuations[0]}
+        prompt = await self.client.tokens(
+            self.model, messages=query.messages, chat_template_kwargs=kwargs
+        )
+        answered = await self.client.tokens(
+            self.model, messages=[*query.messages, first], chat_template_kwargs=kwargs
+        )
+        continuations = [
+            await self.client.tokens(self.model, text=text) for text in query.continuations
+        ]
+        if prompt is None or answered is None or any(ids is None for ids in continuations):
+            raise self._cannot_evaluate("token ids (/tokenize)")
+        return QueryTokens(prompt, answered, [ids or [] for ids in continuations])
+
+    async def _score_tail(self, priority: int, ids: list[int], tail: int) -> float:
+        """The summed log probability of the last ``tail`` of ``ids``."""
+        values = await self.client.score_tail(self.model, ids, tail, priority)
+        if values is None:
+            raise self._cannot_evaluate("prompt log probabilities (prompt_logprobs)")
+        return math.fsum(values)
 
     def _failed(self, err: ClientError) -> None:
         """Note what a failed call says about the server: away, or still loading."""

@@ -155,6 +155,27 @@ def test_prompt_logprobs_extra(client: openai.OpenAI) -> None:
     assert len(prompt) == chat.usage.prompt_tokens
 
 
+def test_prompt_logprobs_from_scores_only_the_tail_with_the_same_values(
+    client: openai.OpenAI,
+) -> None:
+    """This server's prompt_logprobs_from: the tail's values equal a whole-prompt scoring's.
+
+    vLLM ignores the field and scores the whole prompt; the numbers asked for agree.
+    """
+    ids = [1, 450, 2143, 3578, 338, 2211, 7010]
+    whole, tail = (
+        client.completions.create(
+            model=MODEL, prompt=ids, max_tokens=1, temperature=0, extra_body=extra
+        )
+        .choices[0]
+        .model_extra["prompt_logprobs"]  # type: ignore[index]
+        for extra in ({"prompt_logprobs": 0}, {"prompt_logprobs": 0, "prompt_logprobs_from": -3})
+    )
+    assert tail[:-3] == [None] * (len(ids) - 3)
+    for token, full, scored in zip(ids[-3:], whole[-3:], tail[-3:], strict=True):
+        assert scored[str(token)]["logprob"] == pytest.approx(full[str(token)]["logprob"], abs=1e-4)
+
+
 @pytest.mark.parametrize(
     ("endpoint", "extra", "param"),
     [
@@ -165,6 +186,7 @@ def test_prompt_logprobs_extra(client: openai.OpenAI) -> None:
         ("text", {"logprobs": 21}, "logprobs"),
         ("text", {"logprobs": -1}, "logprobs"),
         ("text", {"extra_body": {"echo": "yes"}}, "echo"),
+        ("text", {"extra_body": {"prompt_logprobs_from": "end"}}, "prompt_logprobs_from"),
     ],
 )  # fmt: skip
 def test_bad_logprob_values_are_a_400_naming_the_field(

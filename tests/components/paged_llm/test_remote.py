@@ -6,11 +6,12 @@ import contextlib
 import logging
 import sys
 import uuid
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
+import aiohttp
 import pytest
 import pytest_socket
 from aiohttp import web
@@ -26,11 +27,13 @@ from homeassistant.helpers import issue_registry as ir
 from homeassistant.helpers import llm
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
+from custom_components.paged_llm.backend import ScoreQuery
 from custom_components.paged_llm.const import DEFAULT_SUMMARY_REPETITION_PENALTY
 from custom_components.paged_llm.diagnostics import async_get_config_entry_diagnostics
 from custom_components.paged_llm.engine_install import extra_requirements
 from custom_components.paged_llm.home_grammar import async_get_home
 from paged_llm.protocol.tool_prompt import template_shows_tools, template_source, tools_as_text
+from tests.components.paged_llm.test_evaluate import QUESTIONS, _evaluate
 from tests.helpers.remote_server import ServerProcess, free_port
 from tests.helpers.support import becomes_true
 
@@ -667,3 +670,95 @@ async def test_a_listening_satellite_is_announced_to_the_server(
     await becomes_true(lambda: backend.diagnostics()["takes_voice_announcements"] is not None, 5.0)
     # The server answered 204: a Paged LLM server takes them (vLLM's would not: False).
     assert backend.diagnostics()["takes_voice_announcements"] is True
+
+
+# ai_task.evaluate through the server: the embedded engine's answers, remotely.
+
+
+async def test_remote_answers_equal_the_embedded_engines_on_the_same_model(
+    hass: HomeAssistant,
+    init_integration: MockConfigEntry,
+    remote_entry: MockConfigEntry,
+    server: ServerProcess,
+) -> None:
+    embedded = await _evaluate(hass, _agent(hass, init_integration, "ai_task_data"), QUESTIONS)
+    remote = await _evaluate(hass, _agent(hass, remote_entry, "ai_task_data"), QUESTIONS)
+    for question_id in QUESTIONS:
+        here, there = embedded["answers"][question_id], remote["answers"][question_id]
+        assert here.keys() == there.keys()
+        for key, value in here.items():
+            if isinstance(value, dict):
+                assert list(value) == list(there[key])
+                assert list(value.values()) == pytest.approx(list(there[key].values()), abs=1e-4)
+            elif isinstance(value, float | list):
+                assert value == pytest.approx(there[key], abs=1e-4), (question_id, key)
+            else:
+                assert value == there[key]
+    # The server read each alternative's tail only: the state came from its prefix cache.
+    async with aiohttp.ClientSession() as session:
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        async with session.get(f"{server.url}/metrics", headers=headers) as resp:
+            metrics = await resp.text()
+    hits = [
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:prefix_cache_hits")
+    ]
+    assert hits
+    assert hits[0] > 0
+
+
+async def _proxy_without_prompt_logprobs(target: str) -> AsyncIterator[str]:
+    """A server in front of ``target`` whose completions carry no prompt_logprobs.
+
+    It stands for a server that ignores the field (llama.cpp's, Ollama's): everything else
+    is the real server's answer.
+    """
+    session = aiohttp.ClientSession()
+
+    async def forward(request: web.Request) -> web.Response:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        async with session.request(
+            request.method, f"{target}{request.path_qs}", data=body, headers=headers
+        ) as resp:
+            payload = await resp.read()
+            if request.path == "/v1/completions" and resp.status == 200:
+                data = await resp.json()
+                for choice in data.get("choices", []):
+                    choice.pop("prompt_logprobs", None)
+                return web.json_response(data)
+            return web.Response(body=payload, status=resp.status, content_type=resp.content_type)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+        await session.close()
+
+
+async def test_a_server_without_prompt_logprobs_cannot_evaluate_and_says_so(
+    hass: HomeAssistant, remote_entry: MockConfigEntry, server: ServerProcess
+) -> None:
+    backend = remote_entry.runtime_data.backend
+    real_root, real_api = backend.client.root, backend.client.api
+    async for url in _proxy_without_prompt_logprobs(server.url):
+        backend.client.root, backend.client.api = url, f"{url}/v1"
+        try:
+            with pytest.raises(HomeAssistantError) as caught:
+                await _evaluate(hass, _agent(hass, remote_entry, "ai_task_data"), QUESTIONS)
+        finally:
+            backend.client.root, backend.client.api = real_root, real_api
+    assert caught.value.translation_key == "evaluate_unsupported"
+    assert "prompt_logprobs" in str(caught.value)
+    # The server itself still evaluates.
+    query = ScoreQuery([{"role": "user", "content": "Is it on?"}], ["yes", "no"])
+    scores = await backend.async_score([query], "automation")
+    assert len(scores[0]) == 2
+    assert all(score < 0 for score in scores[0])

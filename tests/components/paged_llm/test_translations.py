@@ -105,6 +105,8 @@ def test_error_messages_only_use_placeholders_the_code_fills() -> None:
     filled = {"reason", "code", "model", "path", "size", "limit", "priority", "priorities"}
     filled |= {"error", "output", "max_tokens", "context", "longest", "most", "rounds"}
     filled |= {"url", "seconds"}
+    # ai_task.evaluate's (evaluate.py, score_plan.py).
+    filled |= {"question", "type", "types", "count", "first", "second", "tokens"}
     for entry in STRINGS["exceptions"].values():
         assert _placeholders(entry["message"]) <= filled, entry
     for message in STRINGS["config"]["error"].values():
