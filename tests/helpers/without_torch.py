@@ -50,3 +50,30 @@ def run_without_torch(
         timeout=timeout,
         check=False,
     )
+
+
+_REPORT = """
+import atexit, json
+
+
+@atexit.register
+def _report():
+    leaked = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED)
+    with open({report!r}, "w") as out:
+        json.dump(leaked, out)
+
+
+"""
+
+
+def blocking_entry_point(
+    script: Path, report: Path, main: str, blocked: tuple[str, ...] = BLOCKED
+) -> Path:
+    """An executable ``script`` running ``main`` (code ending in its call) with ``blocked``
+    unimportable, which writes at exit the names of them in ``sys.modules`` to ``report``
+    (JSON): for processes the tests start and talk to, such as a server or Home Assistant.
+    """
+    text = f"#!{sys.executable}\n" + _PRELUDE.format(blocked=blocked)
+    script.write_text(text + _REPORT.format(report=str(report)) + textwrap.dedent(main))
+    script.chmod(0o755)
+    return script

@@ -1,7 +1,7 @@
 """A real ``paged-llm serve`` on the bundled model, on the numpy runner, with torch blocked.
 
 The server process starts through a wrapper that makes torch, transformers, triton,
-xgrammar and accelerate unimportable before the command line runs, and prints at exit
+xgrammar and accelerate unimportable before the command line runs, and writes at exit
 which of them were imported anyway. It answers a chat, a tool call, a JSON-schema answer
 and a summary-sized prompt, and a client that disconnects mid-stream leaves no KV block in
 use; then it stops cleanly having imported none of them.
@@ -15,8 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import textwrap
 import time
 import urllib.parse
 import urllib.request
@@ -27,35 +25,12 @@ from typing import Any
 import pytest
 import pytest_socket
 
-from tests.helpers.without_torch import BLOCKED, ROOT
+from tests.helpers.without_torch import ROOT, blocking_entry_point
 
 pytestmark = pytest.mark.slow
 
-WRAPPER = textwrap.dedent(
-    """
-    import atexit, importlib.abc, sys
-
-    BLOCKED = {blocked!r}
-
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ImportError(f"{{name}} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, Block())
-
-    @atexit.register
-    def report():
-        leaked = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED)
-        print("IMPORTED-AT-EXIT:", json.dumps(leaked), flush=True)
-
-    import json
-    from paged_llm.server.cli import main
-
-    sys.exit(main(sys.argv[1:]))
-    """
-)
+# The server's own entry point, run with torch's kin blocked (tests/helpers/without_torch.py).
+MAIN = "from paged_llm.server.cli import main\n\nsys.exit(main(sys.argv[1:]))\n"
 TOOLS = [
     {
         "type": "function",
@@ -103,9 +78,11 @@ class Server:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The wrapped server on the numpy runner, stopped with SIGTERM afterwards."""
     pytest_socket.enable_socket()
-    log = tmp_path_factory.mktemp("numpy-server") / "server.log"
+    folder = tmp_path_factory.mktemp("numpy-server")
+    log = folder / "server.log"
+    entry = blocking_entry_point(folder / "paged-llm", folder / "imported-at-exit.json", MAIN)
     command = [
-        sys.executable, "-c", WRAPPER.format(blocked=BLOCKED), "serve", "--device", "cpu",
+        str(entry), "serve", "--device", "cpu",
         "--runner", "numpy", "--kv-budget", "64MiB", "--port", "0", "--no-auth",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "PAGED_LLM_API_KEY"}
@@ -214,6 +191,4 @@ def test_chat_tools_schema_summary_and_abort_without_torch(server: Server) -> No
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(60) == 0
     log = server.log.read_text(errors="replace")
-    imported = re.search(r"IMPORTED-AT-EXIT: (\[.*\])", log)
-    assert imported, log[-3000:]
-    assert json.loads(imported.group(1)) == [], log[-3000:]
+    assert json.loads(server.log.with_name("imported-at-exit.json").read_text()) == [], log[-3000:]

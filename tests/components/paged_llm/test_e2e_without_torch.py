@@ -12,7 +12,6 @@ imported none of them.
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,38 +26,10 @@ from tests.helpers.home_assistant import (
     kill,
     make_home_assistant,
 )
-from tests.helpers.without_torch import BLOCKED
+from tests.helpers.without_torch import blocking_entry_point
 
 pytestmark = pytest.mark.slow
 
-WRAPPER = """\
-#!{python}
-import atexit, importlib.abc, json, sys
-
-BLOCKED = {blocked!r}
-
-
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"{{name}} is blocked in this test")
-        return None
-
-
-sys.meta_path.insert(0, Block())
-
-
-@atexit.register
-def report():
-    leaked = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED)
-    with open({report!r}, "w") as out:
-        json.dump(leaked, out)
-
-
-from homeassistant.__main__ import main
-
-sys.exit(main())
-"""
 # A light the Assist question can turn on (input_boolean is exposed to Assist by default).
 HOME = textwrap.dedent(
     """\
@@ -75,13 +46,8 @@ LOAD_TIMEOUT_S = 300
 def _wrapper(folder: Path) -> tuple[Path, Path]:
     """The ``hass`` stand-in that blocks torch's kin, and the file it reports into."""
     report = folder / "imported-at-exit.json"
-    script = folder / "hass"
-    script.write_text(
-        WRAPPER.format(python=sys.executable, blocked=BLOCKED, report=str(report)),
-        encoding="utf-8",
-    )
-    script.chmod(0o755)
-    return script, report
+    main = "from homeassistant.__main__ import main\n\nsys.exit(main())\n"
+    return blocking_entry_point(folder / "hass", report, main), report
 
 
 def _finish(hass: HomeAssistantProcess, path: str, result: dict[str, Any]) -> dict[str, Any]:
