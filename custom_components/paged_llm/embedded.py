@@ -69,6 +69,9 @@ class EmbeddedBackend:
         self._closing = False
         # A crash asks for one reload, however many requests it ends.
         self._restart_asked = False
+        # What the model is, kept across idle unloads (the same model loads again).
+        self._last_info: Any = None
+        self._native_tools: bool | None = None
         # Each subscriber, with how to leave the current engine's pushes (None: unloaded).
         self._subscribers: dict[Callable[[MetricsSnapshot], None], Callable[[], None] | None] = {}
 
@@ -115,6 +118,8 @@ class EmbeddedBackend:
         async with self._lock:
             if self._busy or self.unloaded:
                 return
+            with contextlib.suppress(BackendError):  # a crashed engine: nothing to keep
+                self._info()  # kept: what the model is stays known while it is unloaded
             for callback, leave in self._subscribers.items():
                 if leave is not None:
                     leave()
@@ -163,16 +168,28 @@ class EmbeddedBackend:
     @property
     def native_tools(self) -> bool:
         """Whether the model's chat template renders a tools list itself."""
-        return template_knows_tools(self._tokenizer())
+        if self._native_tools is None:
+            self._native_tools = template_knows_tools(self._tokenizer())
+        return self._native_tools
 
     def _info(self) -> Any:
-        """The engine's model, pool and limits, or a seam error once the engine is gone."""
+        """The engine's model, pool and limits, or a seam error once the engine is gone.
+
+        Unloaded on purpose (idle), the last ones stand: the next request loads the same
+        model with the same settings, and a caller sizing its work (a summary's chunks)
+        must not be told the engine is dead while it is only asleep.
+        """
         from paged_llm.engine.api import EngineDeadError
 
         try:
-            return self.engine.info
+            info = self.engine.info
         except EngineDeadError as err:
+            asleep = self.engine.error is None and not self._closing
+            if asleep and self._last_info is not None:
+                return self._last_info
             raise self._error(err) from err
+        self._last_info = info
+        return info
 
     @property
     def context_size(self) -> int:
