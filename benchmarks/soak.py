@@ -64,8 +64,14 @@ class Outcome:
     cancelled: bool = False
 
 
-def plan(count: int, seed: int, summary_words: int = 600) -> list[Job]:
-    """``count`` jobs in the mix's shares, a tenth cancelled at a random point; seeded."""
+def plan(
+    count: int, seed: int, summary_words: int = 600, cancel_within_s: float = 1.0
+) -> list[Job]:
+    """``count`` jobs in the mix's shares, a tenth cancelled at a random point; seeded.
+
+    The point is drawn within ``cancel_within_s`` of the start: a run whose requests end
+    sooner than that (a small model on a quiet machine) draws it shorter, or none land.
+    """
     rng = random.Random(seed)
     jobs = []
     for number in range(count):
@@ -75,7 +81,7 @@ def plan(count: int, seed: int, summary_words: int = 600) -> list[Job]:
             text = " ".join(rng.choice(WORDS) for _ in range(length))
         else:
             text = rng.choice(QUESTIONS)
-        cancel = rng.uniform(0.0, 1.0) if rng.random() < CANCEL_SHARE else None
+        cancel = rng.uniform(0.0, cancel_within_s) if rng.random() < CANCEL_SHARE else None
         jobs.append(Job(number, kind, priority, text, cancel))
     return jobs
 

@@ -22,7 +22,9 @@ async def test_mixed_requests_through_home_assistant_leave_no_fault_and_no_block
         agent_entity_id(hass, entry, "ai_task", "ai_task_data"),
     )
     await warm_up(target)
-    report = await soak(target, plan(REQUESTS, seed=2, summary_words=120), concurrency=8)
+    report = await soak(
+        target, plan(REQUESTS, seed=2, summary_words=120, cancel_within_s=0.05), concurrency=8
+    )
     figures = report.as_dict()
     print(report.text("hass"))
     assert report.not_run == 0, figures
