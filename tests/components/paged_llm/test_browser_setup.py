@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 from collections.abc import Iterator
@@ -14,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 
-from custom_components.paged_llm.config_flow import BUNDLED_LABEL
 from tests.components.paged_llm.test_browser_card import (
     SCREENSHOT_DIR,
     _load_provisioner,
@@ -31,6 +31,13 @@ if TYPE_CHECKING:
 pytestmark = browser_marks
 # The bundled model's first start converts it; on a slow CPU in float32 that is a minute.
 LOAD_TIMEOUT_MS = 240_000
+
+
+def _bundled_option() -> str:
+    """The bundled model's name in the form's model list, as the English translation has it."""
+    strings = Path(__file__).parents[3] / "custom_components" / "paged_llm" / "translations"
+    options = json.loads((strings / "en.json").read_text())["selector"]["model"]["options"]
+    return str(options["bundled"])
 
 
 @pytest.fixture
@@ -103,7 +110,7 @@ def test_setup_names_the_model_shows_the_conversion_and_the_device(
 
         # The engine form names the bundled model, never its raw value.
         dialog.get_by_text("Choose a model and how the engine may use memory").wait_for()
-        dialog.get_by_text(BUNDLED_LABEL).filter(visible=True).first.wait_for()
+        dialog.get_by_text(_bundled_option()).filter(visible=True).first.wait_for()
         assert dialog.get_by_text("bundled:").filter(visible=True).count() == 0
         form = tmp_path / "setup-engine-form.png"
         page.screenshot(path=str(form))
