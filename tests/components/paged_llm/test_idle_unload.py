@@ -62,3 +62,25 @@ async def test_idle_model_unloads_and_the_next_request_loads_it(
     assert backend.engine is not first_engine
     assert backend.engine.is_running
     assert _loaded_state(hass, entry) == "loaded"
+
+
+async def test_an_unloaded_model_is_still_described_and_a_summary_loads_it(
+    hass: HomeAssistant, init_integration: MockConfigEntry
+) -> None:
+    """A caller that sizes its work first (summarize) is not told the sleeping engine is dead."""
+    backend = init_integration.runtime_data.backend
+    before = (backend.context_size, backend.kv_pool_tokens, backend.native_tools)
+    backend.idle_unload_s = 600.0  # armed, not due: the test fires it
+    await backend._async_unload_idle()
+    assert backend.unloaded
+    assert (backend.context_size, backend.kv_pool_tokens, backend.native_tools) == before
+    response = await hass.services.async_call(
+        DOMAIN,
+        "summarize",
+        {"text": "The kitchen light was on all night. " * 40, "max_tokens": 4},
+        blocking=True,
+        return_response=True,
+    )
+    assert response is not None
+    assert response["summary"]
+    assert not backend.unloaded
