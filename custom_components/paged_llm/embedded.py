@@ -168,8 +168,13 @@ class EmbeddedBackend:
     @property
     def native_tools(self) -> bool:
         """Whether the model's chat template renders a tools list itself."""
-        if self._native_tools is None:
+        try:
             self._native_tools = template_knows_tools(self._tokenizer())
+        except BackendError:
+            # Unloaded on purpose (idle): the last answer stands, as _info's do.
+            asleep = self.engine.error is None and not self._closing
+            if not asleep or self._native_tools is None:
+                raise
         return self._native_tools
 
     def _info(self) -> Any:
