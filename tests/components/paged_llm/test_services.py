@@ -18,6 +18,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry, async_
 from custom_components.paged_llm.const import DOMAIN, EVENT_SUMMARY_PROGRESS
 from custom_components.paged_llm.embedded import backend_error
 from custom_components.paged_llm.errors import ha_error
+from tests.helpers.home_assistant import engine_settled
 
 
 async def _call(hass: HomeAssistant, service: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -160,19 +161,8 @@ async def test_summarize_with_its_defaults_merges_a_long_text_in_rounds(
         total = seen[0][1]
         assert seen == [(done, total) for done in range(total + 1)]
     assert sum(seen[0][1] for seen in by_round.values()) == len(response["parts"])
-    metrics = await _settled(init_integration.runtime_data.backend.engine)
+    metrics = await engine_settled(init_integration.runtime_data.backend.engine)
     assert metrics.kv_blocks_used == 0
-
-
-async def _settled(engine: Any) -> Any:
-    """The engine's metrics once nothing runs or waits (within 10 s)."""
-    for _ in range(200):
-        metrics = engine.metrics()
-        idle = metrics.num_requests_running == metrics.num_requests_waiting == 0
-        if idle and metrics.kv_blocks_used == 0:
-            break
-        await asyncio.sleep(0.05)
-    return metrics
 
 
 async def test_a_cancelled_summary_stops_its_requests_and_frees_their_blocks(
@@ -195,7 +185,7 @@ async def test_a_cancelled_summary_stops_its_requests_and_frees_their_blocks(
     with pytest.raises(asyncio.CancelledError):
         await call
     unsub()
-    metrics = await _settled(engine)
+    metrics = await engine_settled(engine)
     assert metrics.num_requests_running == metrics.num_requests_waiting == 0
     assert metrics.kv_blocks_used == 0
     # The engine serves the next request as before.
@@ -221,7 +211,7 @@ async def test_two_summaries_at_once_one_in_another_language_both_finish(
         assert response["summary"]
         assert response["chunks"] >= 2
         assert response["requests"] == len(response["parts"]) + 1
-    metrics = await _settled(backend.engine)
+    metrics = await engine_settled(backend.engine)
     assert metrics.kv_blocks_used == 0
 
 
