@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import gc
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,3 +33,22 @@ def scripted_dir() -> Path:
 @pytest.fixture(autouse=True)
 def _allow_sockets(socket_enabled: None) -> None:
     """These tests talk to a real server over loopback TCP."""
+
+
+@pytest.fixture(autouse=True)
+async def _close_half_read_streams() -> AsyncIterator[None]:
+    """Let the openai client's half-read SSE generators close before the leak check.
+
+    Its stream stops reading at ``[DONE]`` and leaves the inner byte generators to
+    the garbage collector, whose finalizer closes them in a task of its own; a test
+    that ends right after a stream could otherwise leave that task pending.
+    """
+    yield
+    gc.collect()
+    current = asyncio.current_task()
+    for _ in range(20):
+        await asyncio.sleep(0)
+        pending = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        if not pending:
+            return
+        await asyncio.wait(pending, timeout=0.05)
