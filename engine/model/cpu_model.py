@@ -29,6 +29,7 @@ from paged_llm.engine.config import DEFAULT_MODEL, EngineConfig
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model import gguf_file
 from paged_llm.engine.model.bundled import bundled_file
+from paged_llm.engine.model.ggml_types import GGMLType
 from paged_llm.engine.model.gguf_config import GGUFConfig, config_of
 from paged_llm.engine.model.gguf_metadata import MetadataReader, Unreadable
 from paged_llm.engine.model.loaded import NUMPY, LoadedModel
@@ -261,18 +262,21 @@ def _interleave_order(rows: int, heads: int) -> npt.NDArray[np.int64]:
 
 def _dequantized(file: gguf_file.GGUFFile, info: gguf_file.TensorInfo) -> Floats:
     """A small tensor (a norm, a bias) as float32 values, as gguf's dequantize gives them."""
-    from gguf import dequantize
-
     raw = file.data(info)
-    if info.type_name == "F32":
-        raw = raw.view(np.float32)
-    elif info.type_name == "F16":
-        raw = raw.view(np.float16)
     shape = tuple(reversed(info.shape))
-    try:
-        values = dequantize(raw.reshape(*shape[:-1], -1), info.type).reshape(shape)
-    except NotImplementedError as err:
-        raise _refusal(file.path, f"{info.name} is {info.type_name}") from err
+    if info.type is GGMLType.F32:
+        values = raw.view(np.float32).reshape(shape)
+    elif info.type is GGMLType.F16:
+        values = raw.view(np.float16).astype(np.float32).reshape(shape)
+    else:
+        # Only now: importing gguf costs a tenth of a first load (ggml_types).
+        from gguf import GGMLQuantizationType, dequantize
+
+        try:
+            kind = GGMLQuantizationType(int(info.type))
+            values = dequantize(raw.reshape(*shape[:-1], -1), kind).reshape(shape)
+        except NotImplementedError as err:
+            raise _refusal(file.path, f"{info.name} is {info.type_name}") from err
     return np.asarray(values, dtype=np.float32).reshape(-1) if len(shape) == 1 else values
 
 

@@ -225,7 +225,7 @@ def _dequantized(
     file: GGUFFile, processor: Any, tensor: TensorInfo, dtype: torch.dtype
 ) -> torch.Tensor:
     """The tensor dequantized into memory and processed as transformers' loader does."""
-    from gguf import dequantize
+    from gguf import GGMLQuantizationType, dequantize
 
     raw = file.data(tensor)
     if tensor.type_name == "F32":
@@ -234,7 +234,8 @@ def _dequantized(
         raw = raw.view(np.float16)
     shape = tuple(reversed(tensor.shape))  # rows first, as numpy and torch hold them
     try:
-        values = dequantize(raw.reshape(*shape[:-1], -1), tensor.type).reshape(shape)
+        kind = GGMLQuantizationType(int(tensor.type))
+        values = dequantize(raw.reshape(*shape[:-1], -1), kind).reshape(shape)
     except NotImplementedError as err:
         raise ModelLoadError(
             f"GGUF file {file.path}: {tensor.name} is {tensor.type_name}, which gguf "
