@@ -31,6 +31,12 @@ engine's threads from waiting on each other at every barrier (a decode step took
 
 from __future__ import annotations
 
+# Home Assistant's test harness (built for 2026.10) needs its bridge to 2026.11 outside
+# pytest too, imported before the harness and before anything imports httpx.
+import tests.homeassistant_first  # noqa: F401
+
+# isort: split
+
 import asyncio
 import contextlib
 import json
