@@ -28,13 +28,14 @@ from homeassistant.helpers import llm, selector
 # the path under ``python -m benchmarks``.
 from custom_components.paged_llm.ai_task import parse_structured_output
 from custom_components.paged_llm.const import DEFAULT_MAX_TOKENS, STRUCTURE_FREQUENCY_PENALTY
-from custom_components.paged_llm.prompt import TOOL_PROMPT, format_tool, json_schema_instruction
+from custom_components.paged_llm.prompt import format_tool, json_schema_instruction
 from custom_components.paged_llm.tool_calls import parse_tool_calls
 from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.core.sequence import FinishReason, SamplingParams
 from paged_llm.engine.llm_engine import LLMEngine
 from paged_llm.engine.model.loader import DEFAULT_MODEL, load_model
 from paged_llm.engine.structured.tool_grammar import tool_call_structural_tag
+from paged_llm.protocol.tool_prompt import TOOL_PROMPT
 
 from . import ROOT, argument_parser
 
