@@ -280,8 +280,13 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._load_task: asyncio.Task[EmbeddedBackend] | None = None
         self._install_task: asyncio.Task[None] | None = None
         self._install_failure: tuple[str, str] | None = None
+        # Where a test load goes on: the step after it, and the form that says why it
+        # failed (the user's flow: create the entry, else the engine form; reconfigure:
+        # save, else the reconfigure form with the entry's data untouched).
+        self._after_load = ("finish", "embedded")
         # Where the torch path's install goes on: the step after it, and the one that says
-        # why it failed (the user's flow: load, else the engine form; reconfigure: save).
+        # why it failed (the user's flow: load, else the engine form; reconfigure: load
+        # where loading changes, else save).
         self._after_install = ("load", "embedded")
         self._backend: EmbeddedBackend | None = None
         self._server: dict[str, Any] = {}
@@ -693,8 +698,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         except Exception as err:  # every failure becomes a form error naming it
             LOGGER.warning("Model %s failed to load: %s", self._data[CONF_MODEL], err)
             self._errors, self._reason = {"base": load_error_key(err)}, str(err)
-            return self.async_show_progress_done(next_step_id="embedded")
-        return self.async_show_progress_done(next_step_id="finish")
+            return self.async_show_progress_done(next_step_id=self._after_load[1])
+        return self.async_show_progress_done(next_step_id=self._after_load[0])
 
     async def async_step_finish(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
         """Create the entry with a conversation agent and an AI task agent ready to use."""
@@ -762,10 +767,10 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             else:
                 self._data = data
                 if needs_torch:
-                    self._after_install = ("reconfigure_save", "reconfigure")
+                    self._after_install = (await self._async_reconfigure_next(), "reconfigure")
                     return await self.async_step_install_torch()
                 if not self._errors:
-                    return await self.async_step_reconfigure_save()
+                    return await self._async_reconfigure_check()
                 errors, self._errors = self._errors, {}
                 reason, self._reason = self._reason, ""
         return await self._async_show_reconfigure_form(
@@ -805,21 +810,55 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             self._errors, self._reason = {"base": load_error_key(err)}, str(err)
             return await self.async_step_reconfigure()
         if needs_torch:
-            self._after_install = ("reconfigure_save", "reconfigure")
+            self._after_install = ("load", "reconfigure")
+            self._after_load = ("reconfigure_save", "reconfigure")
             return await self.async_step_install_torch()
         if self._errors:
             return await self.async_step_reconfigure()
+        return await self._async_reconfigure_check()
+
+    async def _async_reconfigure_next(self) -> str:
+        """The step that follows a reconfigure's checks: a test load where loading changes.
+
+        Another model, settings that load it differently, or an entry that is not running
+        are loaded first, as the first run's flow does; a change the engine does not see
+        (the idle unload) is saved at once.
+        """
+        entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
+
+        def same_engine() -> bool:
+            """Whether the new data start the engine the entry runs (blocking)."""
+            return engine_config(self.hass, self._data) == engine_config(self.hass, entry.data)
+
+        if entry.state is ConfigEntryState.LOADED and await self.hass.async_add_executor_job(
+            same_engine
+        ):
+            return "reconfigure_save"
+        self._after_load = ("reconfigure_save", "reconfigure")
+        return "load"
+
+    async def _async_reconfigure_check(self) -> ConfigFlowResult:
+        """Test-load the reconfigured model where loading changes; else save at once."""
+        if await self._async_reconfigure_next() == "load":
+            return await self.async_step_load()
         return await self.async_step_reconfigure_save()
 
     async def async_step_reconfigure_save(
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
-        """Save the checked settings of a reconfigure; the entry restarts with them."""
+        """Save the checked settings of a reconfigure; the entry restarts with them.
+
+        The engine the test load started is handed to the restart, which takes it rather
+        than load the model a second time.
+        """
         entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
+        model = self._data[CONF_MODEL]
+        if self._backend is not None:
+            backend, self._backend = self._backend, None
+            hand_over_backend(self.hass, model, backend)
         if entry.state is not ConfigEntryState.LOADED:
             # No update listener runs for an entry that failed to start.
             self.hass.config_entries.async_schedule_reload(entry.entry_id)
-        model = self._data[CONF_MODEL]
         if model == entry.data[CONF_MODEL]:
             return self.async_update_and_abort(entry, data=self._data)
         return self.async_update_and_abort(
