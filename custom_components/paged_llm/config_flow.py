@@ -29,6 +29,7 @@ from homeassistant.const import (
     CONF_URL,
 )
 from homeassistant.core import HomeAssistant, callback
+from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.helpers import llm
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.service_info.hassio import HassioServiceInfo
@@ -297,9 +298,26 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         # Where a download goes on: the step after it, and the form that says why it failed.
         self._after_download = ("use_model", "embedded")
 
+    def _typed(self, step_id: str, user_input: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``user_input`` where it was sent to ``step_id``'s form; None where it was not.
+
+        Home Assistant hands what was posted to a progress step (which has no form) on to
+        the step after it, unchecked by any schema: that step's form was not shown yet, so
+        the input is no answer to it. The step then shows its form (with the progress
+        step's error, if any) instead of failing on fields it lacks.
+        """
+        current = self.cur_step
+        if user_input is None or current is None:
+            return user_input
+        if current["type"] is FlowResultType.FORM and current.get("step_id") == step_id:
+            return user_input
+        LOGGER.debug("Input posted at step %s is no answer to %s: ignored", current, step_id)
+        return None
+
     @override
     async def async_step_user(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
         """Ask where the model runs; the engine here only where it can work."""
+        user_input = self._typed("user", user_input)
         state, reason = await self.hass.async_add_executor_job(engine_state)
         blocked = state not in (EngineState.READY, EngineState.MISSING)
         if self._install_failure is not None:
@@ -397,6 +415,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
         """Ask for the model and the engine settings."""
+        user_input = self._typed("embedded", user_input)
         if user_input is not None:
             try:
                 data = {CONF_BACKEND: BACKEND_EMBEDDED, **coerce_engine_input(user_input)}
@@ -725,6 +744,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
         if entry.data.get(CONF_BACKEND) == BACKEND_REMOTE:
             return await self.async_step_server()
+        user_input = self._typed("reconfigure", user_input)
         # A failed install of the torch path or download comes back here with its error.
         errors, self._errors = self._errors, {}
         reason, self._reason = self._reason, ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import CONF_MODEL
 from homeassistant.core import HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType
+from homeassistant.setup import async_setup_component
+from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
 
 from custom_components.paged_llm.const import DOMAIN
 from custom_components.paged_llm.schemas import form_values
@@ -264,3 +267,56 @@ def test_a_downloaded_file_is_sized_from_its_own_header(gguf_bytes: bytes, tmp_p
     assert "downloaded" in after
     assert "8,192 tokens of context" in after
     assert "estimate" not in after  # no bandwidth measured: no speed claimed
+
+
+FLOW = "/api/config/config_entries/flow"
+
+
+async def _post(client: Any, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST ``body`` as the frontend does; Home Assistant must answer 200 with a step."""
+    response = await client.post(url, json=body)
+    assert response.status == HTTPStatus.OK, (response.status, await response.text())
+    result: dict[str, Any] = await response.json()
+    return result
+
+
+@pytest.mark.parametrize("failing", ["download", "load"])
+async def test_a_body_posted_after_a_progress_step_gets_the_flows_form_not_a_500(
+    hass: HomeAssistant,
+    config_dir: Path,
+    stand_in: Index,
+    hass_client: ClientSessionGenerator,
+    failing: str,
+) -> None:
+    """Through the HTTP API: a body sent once the download or the load failed is answered
+    with the flow's step (the engine form and its error), not a 500.
+
+    Home Assistant passes what is posted to a finished progress step on to the step after
+    it (here the engine form, not shown yet), unchecked by any schema; the form step once
+    read it as its own answer and failed on the fields it lacked.
+    """
+    assert await async_setup_component(hass, "config", {})
+    client = await hass_client()
+    result = await _post(client, FLOW, {"handler": DOMAIN})
+    flow = f"{FLOW}/{result['flow_id']}"
+    result = await _post(client, flow, {"backend": "embedded"})
+    assert result["step_id"] == "embedded"
+    typed = "someone/None:Q4_1" if failing == "download" else str(config_dir / "none.gguf")
+    values = {**form_values({}), CONF_MODEL: "other", "custom_model": typed}
+    result = await _post(client, flow, values)
+    assert result["type"] == "progress"
+    assert result["step_id"] == failing
+    await hass.async_block_till_done()  # the task failed; the flow is past its progress step
+
+    result = await _post(client, flow, {"custom_model": "anything"})
+    assert result["type"] == "form", result
+    assert result["step_id"] == "embedded"
+    key = "download_failed" if failing == "download" else "model_load_failed"
+    assert result["errors"] == {"base": key}
+    # At the form, Home Assistant checks a body against it: a partial one is a 400.
+    response = await client.post(flow, json={"custom_model": "anything"})
+    assert response.status == HTTPStatus.BAD_REQUEST
+    # And the form takes its own input as ever.
+    result = await _post(client, flow, {**values, "custom_model": ""})
+    assert result["type"] == "form"
+    assert result["errors"] == {"custom_model": "model_missing"}
