@@ -56,6 +56,7 @@ from .const import (
     CONF_DTYPE,
     CONF_HOME_GRAMMAR,
     CONF_IDLE_UNLOAD_MIN,
+    CONF_KV_BUDGET_AUTO,
     CONF_KV_BUDGET_MIB,
     CONF_MAX_HISTORY,
     CONF_MAX_MODEL_LEN,
@@ -76,6 +77,7 @@ from .const import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_WEIGHTS,
     DOMAIN,
+    KV_BUDGET_AUTO,
     LOGGER,
     MODEL_BUNDLED,
     MODEL_OTHER,
@@ -98,6 +100,7 @@ from .engine_install import async_install_extra
 from .errors import EngineImportError, install_error_key, load_error_key
 from .picker import (
     async_bandwidth,
+    auto_kv_budget_mib,
     download_file,
     download_source,
     models_dir,
@@ -139,7 +142,11 @@ RECOMMENDED_AI_TASK_OPTIONS: dict[str, Any] = {
 
 
 def coerce_engine_input(user_input: Mapping[str, Any]) -> dict[str, Any]:
-    """Entry data from the form: numbers as integers, the model in its canonical spelling."""
+    """Entry data from the form: numbers as integers, the model in its canonical spelling.
+
+    A KV budget of 0 is the automatic one: marked here, sized once the model's file is
+    known (:func:`async_resolve_kv_budget`).
+    """
     data: dict[str, Any] = {
         CONF_DEVICE: user_input[CONF_DEVICE],
         CONF_DTYPE: user_input[CONF_DTYPE],
@@ -152,7 +159,17 @@ def coerce_engine_input(user_input: Mapping[str, Any]) -> dict[str, Any]:
     }
     if CONF_MODEL in user_input:
         data[CONF_MODEL] = chosen_model(user_input)
+    if data[CONF_KV_BUDGET_MIB] == KV_BUDGET_AUTO:
+        data[CONF_KV_BUDGET_AUTO] = True
     return data
+
+
+async def async_resolve_kv_budget(hass: HomeAssistant, data: dict[str, Any]) -> None:
+    """Size an automatic KV budget for the data's model, in place; a chosen one stays."""
+    if data.get(CONF_KV_BUDGET_AUTO):
+        data[CONF_KV_BUDGET_MIB] = await hass.async_add_executor_job(
+            auto_kv_budget_mib, data[CONF_MODEL]
+        )
 
 
 class NoModelTypedError(ValueError):
@@ -486,6 +503,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         except EngineImportError:
             # The load step fails the same way and names it on the form.
             return await self.async_step_load()
+        # The file is here now (downloaded, or on disk): its header sizes an automatic budget.
+        await async_resolve_kv_budget(self.hass, data)
         try:
             needs_torch = await self._async_needs_torch_install(data)
         except ValueError as err:
@@ -759,7 +778,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                     CONF_MODEL: MODEL_OTHER,
                     CONF_CUSTOM_MODEL: entry.data[CONF_MODEL],
                 }
-            data = {**entry.data, **coerce_engine_input(user_input)}
+            kept = {k: v for k, v in entry.data.items() if k != CONF_KV_BUDGET_AUTO}
+            data = {**kept, **coerce_engine_input(user_input)}
             if user_input[CONF_MODEL] == recommended_key(entry.data[CONF_MODEL]):
                 data[CONF_MODEL] = entry.data[CONF_MODEL]  # that file, downloaded before
             if data[CONF_MODEL] != entry.data[CONF_MODEL]:
@@ -776,6 +796,12 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 return await self.async_step_download()
             try:
                 await async_import_engine(self.hass)
+                if data.get(CONF_KV_BUDGET_AUTO) and entry.data.get(CONF_KV_BUDGET_AUTO):
+                    # Sized for this model before; the running engine's own memory is not
+                    # free now, so sizing again would shrink it for nothing.
+                    data[CONF_KV_BUDGET_MIB] = entry.data[CONF_KV_BUDGET_MIB]
+                else:
+                    await async_resolve_kv_budget(self.hass, data)
                 await self.hass.async_add_executor_job(
                     check_engine_settings, self.hass, entry, data
                 )
@@ -825,6 +851,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._abort_if_unique_id_configured()
         try:
             await async_import_engine(self.hass)
+            await async_resolve_kv_budget(self.hass, self._data)
             needs_torch = await self._async_needs_torch_install(self._data)
         except Exception as err:  # the engine or the settings: named on the form
             self._errors, self._reason = {"base": load_error_key(err)}, str(err)

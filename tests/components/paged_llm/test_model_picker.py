@@ -320,3 +320,71 @@ async def test_a_body_posted_after_a_progress_step_gets_the_flows_form_not_a_500
     result = await _post(client, flow, {**values, "custom_model": ""})
     assert result["type"] == "form"
     assert result["errors"] == {"custom_model": "model_missing"}
+
+
+def test_the_automatic_kv_budget_follows_the_model_within_the_memory_free() -> None:
+    from paged_llm.catalogue import BY_KEY as FILES
+    from paged_llm.catalogue import Shape, auto_kv_budget
+
+    mib, plenty = 2**20, 64 * 2**30
+    qwen3, qwen25, big = FILES["qwen3-1.7b"], FILES["qwen2.5-1.5b"], FILES["qwen3-4b"]
+    # 4,096 tokens of Qwen3 1.7B's 224 KiB each; Qwen2.5 1.5B's 56 KiB stay at the floor.
+    assert auto_kv_budget(qwen3.size, qwen3.shape, plenty) == 896 * mib
+    assert auto_kv_budget(big.size, big.shape, plenty) == 1152 * mib
+    assert auto_kv_budget(qwen25.size, qwen25.shape, plenty) == 512 * mib
+    # A model whose whole context is shorter gets that (here above the floor).
+    short = Shape(layers=64, kv_heads=8, head_dim=128, context=2048)
+    assert auto_kv_budget(1, short, plenty) == 2048 * short.kv_bytes_per_token()
+    # Capped so weights and KV fit the memory free; never below 512 MiB.
+    assert auto_kv_budget(big.size, big.shape, big.size + 700 * mib) == 700 * mib
+    assert auto_kv_budget(big.size, big.shape, big.size + 100 * mib) == 512 * mib
+
+
+def test_the_picker_shows_each_files_automatic_budget_and_keeps_a_typed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import custom_components.paged_llm.picker as picker
+
+    monkeypatch.setattr(picker, "free_memory", lambda: 64 * 2**30)
+    automatic = {o["value"]: o["label"] for o in picker.picker_options(tmp_path, {}, None)}
+    assert "4,096 tokens of context (KV 896 MiB automatic)" in automatic["qwen3-1.7b"]
+    assert "9,362 tokens of context (KV 512 MiB automatic)" in automatic["qwen2.5-1.5b"]
+    typed = {
+        o["value"]: o["label"]
+        for o in picker.picker_options(tmp_path, {"kv_budget_mib": 512}, None)
+    }
+    assert "2,340 tokens of context (KV 512 MiB)" in typed["qwen3-1.7b"]
+
+
+async def test_the_default_kv_budget_is_sized_for_the_chosen_file_and_a_typed_one_kept(
+    hass: HomeAssistant, config_dir: Path, stand_in: Index, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from paged_llm import catalogue
+
+    # SmolLM2's 4,096 tokens need less than the 512 MiB floor: lowered, the size shows.
+    monkeypatch.setattr(catalogue, "AUTO_KV_FLOOR", 16 * 2**20)
+    result = await _through_progress(hass, await _submit(hass, "other", f"{REPO}:Q4_1"))
+    assert result["type"] is FlowResultType.CREATE_ENTRY, result
+    path = Path(result["data"][CONF_MODEL])
+    shape = catalogue.shape_of(path)
+    needed = -(-min(4096, shape.context) * shape.kv_bytes_per_token() // 2**20)
+    assert result["data"]["kv_budget_mib"] == needed
+    assert result["data"]["kv_budget_auto"] is True
+    entry = result["result"]
+    await hass.async_block_till_done()
+    assert entry.state is ConfigEntryState.LOADED
+    # The reconfigure form shows the automatic budget as chosen (0); a typed one is kept.
+    assert form_values(entry.data)["kv_budget_mib"] == 0
+    result = await entry.start_reconfigure_flow(hass)
+    fields = {str(key) for key in result["data_schema"].schema}
+    values = {k: v for k, v in form_values(entry.data).items() if k in fields}
+    values["kv_budget_mib"] = 300
+    result = await _through_progress(
+        hass, await hass.config_entries.flow.async_configure(result["flow_id"], values)
+    )
+    assert result["type"] is FlowResultType.ABORT, result
+    await hass.async_block_till_done()
+    assert entry.data["kv_budget_mib"] == 300
+    assert "kv_budget_auto" not in entry.data
+    assert entry.state is ConfigEntryState.LOADED
+    assert await hass.config_entries.async_unload(entry.entry_id)
