@@ -167,6 +167,27 @@ def fit(
     return Fit(memory=size + kv_budget, context=context, free=free, tokens_per_s=speed)
 
 
+# The automatic KV budget (the form's 0): room for this many tokens of one sequence (an
+# Assist prompt with some 100 exposed entities and its answer), never below the floor (the
+# bundled model's whole context and more), capped so weights and KV fit the memory free.
+AUTO_KV_TOKENS = 4096
+AUTO_KV_FLOOR = 512 * 2**20
+
+
+def auto_kv_budget(size: int, shape: Shape, free: int | None = None) -> int:
+    """The automatic KV budget in bytes for a file of ``size`` bytes and ``shape``.
+
+    What :data:`AUTO_KV_TOKENS` tokens need (the model's whole context if shorter), whole
+    MiB, at least :data:`AUTO_KV_FLOOR`; above the floor, no more than the memory free
+    beside the weights.
+    """
+    tokens = min(AUTO_KV_TOKENS, shape.context)
+    need = -(-tokens * shape.kv_bytes_per_token() // 2**20) * 2**20
+    free = free_memory() if free is None else free
+    room = (free - size) // 2**20 * 2**20
+    return max(AUTO_KV_FLOOR, min(need, room))
+
+
 def shape_of(path: Path) -> Shape:
     """A GGUF file's shape from its own header (needs the engine's light extra)."""
     from paged_llm.engine.model.gguf_config import read_config

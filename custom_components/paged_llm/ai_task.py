@@ -83,10 +83,17 @@ def parse_structured_output(text: str, structure: probatio.Schema, cut_off: bool
 class PagedLLMTaskEntity(ai_task.AITaskEntity, PagedLLMBaseLLMEntity):
     """An AI task agent; its requests run in the automation class."""
 
-    _attr_supported_features = (
-        ai_task.AITaskEntityFeature.GENERATE_DATA | ai_task.AITaskEntityFeature.EVALUATE
-    )
     _priority = PRIORITY_AI_TASK
+
+    @property
+    @override
+    def supported_features(self) -> ai_task.AITaskEntityFeature:
+        """Data always; evaluate where the backend gives log probabilities (a server may not)."""
+        features = ai_task.AITaskEntityFeature.GENERATE_DATA
+        data = getattr(self.entry, "runtime_data", None)
+        if data is not None and data.backend.can_evaluate:
+            features |= ai_task.AITaskEntityFeature.EVALUATE
+        return features
 
     @override
     async def _async_evaluate(self, task: ai_task.EvaluationTask) -> ai_task.EvaluationTaskResult:

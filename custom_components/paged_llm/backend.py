@@ -97,6 +97,10 @@ class Backend(Protocol):
         """Whether tools go to the model as structured tools rather than prompt text."""
 
     @property
+    def can_evaluate(self) -> bool:
+        """Whether ``async_score`` can answer: the engine always; a server where it was found to."""
+
+    @property
     def context_size(self) -> int:
         """The most tokens one request may hold, prompt and answer together."""
 

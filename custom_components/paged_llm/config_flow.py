@@ -29,6 +29,7 @@ from homeassistant.const import (
     CONF_URL,
 )
 from homeassistant.core import HomeAssistant, callback
+from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.helpers import llm
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.service_info.hassio import HassioServiceInfo
@@ -55,6 +56,7 @@ from .const import (
     CONF_DTYPE,
     CONF_HOME_GRAMMAR,
     CONF_IDLE_UNLOAD_MIN,
+    CONF_KV_BUDGET_AUTO,
     CONF_KV_BUDGET_MIB,
     CONF_MAX_HISTORY,
     CONF_MAX_MODEL_LEN,
@@ -75,6 +77,7 @@ from .const import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_WEIGHTS,
     DOMAIN,
+    KV_BUDGET_AUTO,
     LOGGER,
     MODEL_BUNDLED,
     MODEL_OTHER,
@@ -97,6 +100,7 @@ from .engine_install import async_install_extra
 from .errors import EngineImportError, install_error_key, load_error_key
 from .picker import (
     async_bandwidth,
+    auto_kv_budget_mib,
     download_file,
     download_source,
     models_dir,
@@ -138,7 +142,11 @@ RECOMMENDED_AI_TASK_OPTIONS: dict[str, Any] = {
 
 
 def coerce_engine_input(user_input: Mapping[str, Any]) -> dict[str, Any]:
-    """Entry data from the form: numbers as integers, the model in its canonical spelling."""
+    """Entry data from the form: numbers as integers, the model in its canonical spelling.
+
+    A KV budget of 0 is the automatic one: marked here, sized once the model's file is
+    known (:func:`async_resolve_kv_budget`).
+    """
     data: dict[str, Any] = {
         CONF_DEVICE: user_input[CONF_DEVICE],
         CONF_DTYPE: user_input[CONF_DTYPE],
@@ -151,7 +159,17 @@ def coerce_engine_input(user_input: Mapping[str, Any]) -> dict[str, Any]:
     }
     if CONF_MODEL in user_input:
         data[CONF_MODEL] = chosen_model(user_input)
+    if data[CONF_KV_BUDGET_MIB] == KV_BUDGET_AUTO:
+        data[CONF_KV_BUDGET_AUTO] = True
     return data
+
+
+async def async_resolve_kv_budget(hass: HomeAssistant, data: dict[str, Any]) -> None:
+    """Size an automatic KV budget for the data's model, in place; a chosen one stays."""
+    if data.get(CONF_KV_BUDGET_AUTO):
+        data[CONF_KV_BUDGET_MIB] = await hass.async_add_executor_job(
+            auto_kv_budget_mib, data[CONF_MODEL]
+        )
 
 
 class NoModelTypedError(ValueError):
@@ -280,8 +298,13 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._load_task: asyncio.Task[EmbeddedBackend] | None = None
         self._install_task: asyncio.Task[None] | None = None
         self._install_failure: tuple[str, str] | None = None
+        # Where a test load goes on: the step after it, and the form that says why it
+        # failed (the user's flow: create the entry, else the engine form; reconfigure:
+        # save, else the reconfigure form with the entry's data untouched).
+        self._after_load = ("finish", "embedded")
         # Where the torch path's install goes on: the step after it, and the one that says
-        # why it failed (the user's flow: load, else the engine form; reconfigure: save).
+        # why it failed (the user's flow: load, else the engine form; reconfigure: load
+        # where loading changes, else save).
         self._after_install = ("load", "embedded")
         self._backend: EmbeddedBackend | None = None
         self._server: dict[str, Any] = {}
@@ -292,9 +315,26 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         # Where a download goes on: the step after it, and the form that says why it failed.
         self._after_download = ("use_model", "embedded")
 
+    def _typed(self, step_id: str, user_input: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``user_input`` where it was sent to ``step_id``'s form; None where it was not.
+
+        Home Assistant hands what was posted to a progress step (which has no form) on to
+        the step after it, unchecked by any schema: that step's form was not shown yet, so
+        the input is no answer to it. The step then shows its form (with the progress
+        step's error, if any) instead of failing on fields it lacks.
+        """
+        current = self.cur_step
+        if user_input is None or current is None:
+            return user_input
+        if current["type"] is FlowResultType.FORM and current.get("step_id") == step_id:
+            return user_input
+        LOGGER.debug("Input posted at step %s is no answer to %s: ignored", current, step_id)
+        return None
+
     @override
     async def async_step_user(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
         """Ask where the model runs; the engine here only where it can work."""
+        user_input = self._typed("user", user_input)
         state, reason = await self.hass.async_add_executor_job(engine_state)
         blocked = state not in (EngineState.READY, EngineState.MISSING)
         if self._install_failure is not None:
@@ -392,6 +432,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
         """Ask for the model and the engine settings."""
+        user_input = self._typed("embedded", user_input)
         if user_input is not None:
             try:
                 data = {CONF_BACKEND: BACKEND_EMBEDDED, **coerce_engine_input(user_input)}
@@ -462,6 +503,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         except EngineImportError:
             # The load step fails the same way and names it on the form.
             return await self.async_step_load()
+        # The file is here now (downloaded, or on disk): its header sizes an automatic budget.
+        await async_resolve_kv_budget(self.hass, data)
         try:
             needs_torch = await self._async_needs_torch_install(data)
         except ValueError as err:
@@ -693,8 +736,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         except Exception as err:  # every failure becomes a form error naming it
             LOGGER.warning("Model %s failed to load: %s", self._data[CONF_MODEL], err)
             self._errors, self._reason = {"base": load_error_key(err)}, str(err)
-            return self.async_show_progress_done(next_step_id="embedded")
-        return self.async_show_progress_done(next_step_id="finish")
+            return self.async_show_progress_done(next_step_id=self._after_load[1])
+        return self.async_show_progress_done(next_step_id=self._after_load[0])
 
     async def async_step_finish(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
         """Create the entry with a conversation agent and an AI task agent ready to use."""
@@ -720,6 +763,7 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
         if entry.data.get(CONF_BACKEND) == BACKEND_REMOTE:
             return await self.async_step_server()
+        user_input = self._typed("reconfigure", user_input)
         # A failed install of the torch path or download comes back here with its error.
         errors, self._errors = self._errors, {}
         reason, self._reason = self._reason, ""
@@ -734,7 +778,8 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                     CONF_MODEL: MODEL_OTHER,
                     CONF_CUSTOM_MODEL: entry.data[CONF_MODEL],
                 }
-            data = {**entry.data, **coerce_engine_input(user_input)}
+            kept = {k: v for k, v in entry.data.items() if k != CONF_KV_BUDGET_AUTO}
+            data = {**kept, **coerce_engine_input(user_input)}
             if user_input[CONF_MODEL] == recommended_key(entry.data[CONF_MODEL]):
                 data[CONF_MODEL] = entry.data[CONF_MODEL]  # that file, downloaded before
             if data[CONF_MODEL] != entry.data[CONF_MODEL]:
@@ -751,6 +796,12 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
                 return await self.async_step_download()
             try:
                 await async_import_engine(self.hass)
+                if data.get(CONF_KV_BUDGET_AUTO) and entry.data.get(CONF_KV_BUDGET_AUTO):
+                    # Sized for this model before; the running engine's own memory is not
+                    # free now, so sizing again would shrink it for nothing.
+                    data[CONF_KV_BUDGET_MIB] = entry.data[CONF_KV_BUDGET_MIB]
+                else:
+                    await async_resolve_kv_budget(self.hass, data)
                 await self.hass.async_add_executor_job(
                     check_engine_settings, self.hass, entry, data
                 )
@@ -762,10 +813,10 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
             else:
                 self._data = data
                 if needs_torch:
-                    self._after_install = ("reconfigure_save", "reconfigure")
+                    self._after_install = (await self._async_reconfigure_next(), "reconfigure")
                     return await self.async_step_install_torch()
                 if not self._errors:
-                    return await self.async_step_reconfigure_save()
+                    return await self._async_reconfigure_check()
                 errors, self._errors = self._errors, {}
                 reason, self._reason = self._reason, ""
         return await self._async_show_reconfigure_form(
@@ -800,26 +851,61 @@ class PagedLLMConfigFlow(ConfigFlow, domain=DOMAIN):
         self._abort_if_unique_id_configured()
         try:
             await async_import_engine(self.hass)
+            await async_resolve_kv_budget(self.hass, self._data)
             needs_torch = await self._async_needs_torch_install(self._data)
         except Exception as err:  # the engine or the settings: named on the form
             self._errors, self._reason = {"base": load_error_key(err)}, str(err)
             return await self.async_step_reconfigure()
         if needs_torch:
-            self._after_install = ("reconfigure_save", "reconfigure")
+            self._after_install = ("load", "reconfigure")
+            self._after_load = ("reconfigure_save", "reconfigure")
             return await self.async_step_install_torch()
         if self._errors:
             return await self.async_step_reconfigure()
+        return await self._async_reconfigure_check()
+
+    async def _async_reconfigure_next(self) -> str:
+        """The step that follows a reconfigure's checks: a test load where loading changes.
+
+        Another model, settings that load it differently, or an entry that is not running
+        are loaded first, as the first run's flow does; a change the engine does not see
+        (the idle unload) is saved at once.
+        """
+        entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
+
+        def same_engine() -> bool:
+            """Whether the new data start the engine the entry runs (blocking)."""
+            return engine_config(self.hass, self._data) == engine_config(self.hass, entry.data)
+
+        if entry.state is ConfigEntryState.LOADED and await self.hass.async_add_executor_job(
+            same_engine
+        ):
+            return "reconfigure_save"
+        self._after_load = ("reconfigure_save", "reconfigure")
+        return "load"
+
+    async def _async_reconfigure_check(self) -> ConfigFlowResult:
+        """Test-load the reconfigured model where loading changes; else save at once."""
+        if await self._async_reconfigure_next() == "load":
+            return await self.async_step_load()
         return await self.async_step_reconfigure_save()
 
     async def async_step_reconfigure_save(
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
-        """Save the checked settings of a reconfigure; the entry restarts with them."""
+        """Save the checked settings of a reconfigure; the entry restarts with them.
+
+        The engine the test load started is handed to the restart, which takes it rather
+        than load the model a second time.
+        """
         entry: PagedLLMConfigEntry = self._get_reconfigure_entry()
+        model = self._data[CONF_MODEL]
+        if self._backend is not None:
+            backend, self._backend = self._backend, None
+            hand_over_backend(self.hass, model, backend)
         if entry.state is not ConfigEntryState.LOADED:
             # No update listener runs for an entry that failed to start.
             self.hass.config_entries.async_schedule_reload(entry.entry_id)
-        model = self._data[CONF_MODEL]
         if model == entry.data[CONF_MODEL]:
             return self.async_update_and_abort(entry, data=self._data)
         return self.async_update_and_abort(

@@ -50,8 +50,16 @@ BLOCK_SIZES: Final = (8, 16, 32, 64, 128)
 
 DEFAULT_DEVICE: Final = "auto"
 DEFAULT_DTYPE: Final = "auto"
-# Enough for one full 8,192-token SmolLM2 sequence in float32 plus room to share.
-DEFAULT_KV_BUDGET_MIB: Final = 512
+# The form's KV budget 0: automatic, the budget follows the chosen model (picker.py's
+# auto_kv_budget_mib: 4,096 tokens of its KV, at least 512 MiB, within the memory free).
+# Saved resolved, with CONF_KV_BUDGET_AUTO set, so the engine gets a number and a new model
+# chosen later is sized again.
+KV_BUDGET_AUTO: Final = 0
+DEFAULT_KV_BUDGET_MIB: Final = KV_BUDGET_AUTO
+CONF_KV_BUDGET_AUTO: Final = "kv_budget_auto"
+# Where data hold no resolved budget: the automatic budget's floor, enough for one full
+# 8,192-token SmolLM2 sequence in float32 plus room to share.
+FALLBACK_KV_BUDGET_MIB: Final = 512
 DEFAULT_BLOCK_SIZE: Final = 16
 DEFAULT_MAX_NUM_SEQS: Final = 32
 # 0 means the model's own context length.

@@ -177,6 +177,11 @@ class EmbeddedBackend:
                 raise
         return self._native_tools
 
+    @property
+    def can_evaluate(self) -> bool:
+        """The engine scores prompt tokens itself: every model here can evaluate."""
+        return True
+
     def _info(self) -> Any:
         """The engine's model, pool and limits, or a seam error once the engine is gone.
 

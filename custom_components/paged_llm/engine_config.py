@@ -21,10 +21,10 @@ from .const import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
-    DEFAULT_KV_BUDGET_MIB,
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_WEIGHTS,
+    FALLBACK_KV_BUDGET_MIB,
 )
 
 if TYPE_CHECKING:
@@ -47,13 +47,15 @@ def engine_config(hass: HomeAssistant, data: Mapping[str, Any]) -> EngineConfig:
     from paged_llm.engine.api import EngineConfig
 
     max_model_len = int(data.get(CONF_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN))
+    # 0 (automatic) is resolved by the config flow; data that missed it get the floor.
+    kv_budget_mib = int(data.get(CONF_KV_BUDGET_MIB) or FALLBACK_KV_BUDGET_MIB)
     return EngineConfig(
         model=normalize_model(data.get(CONF_MODEL, DEFAULT_MODEL)),
         device=data.get(CONF_DEVICE, DEFAULT_DEVICE),
         dtype=data.get(CONF_DTYPE, DEFAULT_DTYPE),
         weights=data.get(CONF_WEIGHTS, DEFAULT_WEIGHTS),
         block_size=int(data.get(CONF_BLOCK_SIZE, DEFAULT_BLOCK_SIZE)),
-        kv_budget=float(int(data.get(CONF_KV_BUDGET_MIB, DEFAULT_KV_BUDGET_MIB)) * 2**20),
+        kv_budget=float(kv_budget_mib * 2**20),
         max_num_seqs=int(data.get(CONF_MAX_NUM_SEQS, DEFAULT_MAX_NUM_SEQS)),
         max_model_len=max_model_len or None,
         # Converted GGUF models are kept here: rebuildable, so outside backups.

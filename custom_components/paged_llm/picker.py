@@ -10,11 +10,13 @@ from homeassistant.core import HomeAssistant
 from homeassistant.helpers.selector import SelectOptionDict
 
 from paged_llm.catalogue import (
+    AUTO_KV_FLOOR,
     BY_KEY,
     RECOMMENDED,
     Fit,
     Recommended,
     Shape,
+    auto_kv_budget,
     fit,
     free_memory,
     measure_bandwidth,
@@ -29,6 +31,7 @@ from .const import (
     DEFAULT_KV_BUDGET_MIB,
     DEFAULT_MAX_MODEL_LEN,
     DOMAIN,
+    KV_BUDGET_AUTO,
 )
 
 _BANDWIDTH = f"{DOMAIN}_bandwidth"
@@ -73,12 +76,31 @@ def _shape(item: Recommended, folder: Path) -> tuple[Shape, bool]:
     return item.shape, False
 
 
-def describe(item: Recommended, need: Fit, here: bool) -> str:
-    """One line of the picker: size, memory at the context, fit, estimated speed, why."""
+def auto_kv_budget_mib(model: str, free: int | None = None) -> int:
+    """The automatic KV budget in MiB for ``model`` (blocking: reads a GGUF file's header).
+
+    A GGUF file on disk is sized from its own header (see catalogue.auto_kv_budget);
+    anything else (the bundled model, whose whole context the floor holds, a model folder
+    or id) gets the floor, as does a file whose header cannot be read (its load says why).
+    """
+    path = Path(model)
+    if model.startswith("/") and path.suffix == ".gguf" and path.is_file():
+        try:
+            shape = shape_of(path)
+            size = path.stat().st_size
+        except Exception:  # not a GGUF file after all: the test load names it
+            return AUTO_KV_FLOOR // 2**20
+        return auto_kv_budget(size, shape, free) // 2**20
+    return AUTO_KV_FLOOR // 2**20
+
+
+def describe(item: Recommended, need: Fit, here: bool, auto: bool = False) -> str:
+    """One line of the picker: size, memory and KV budget at the context, fit, speed, why."""
+    kv = f"KV {(need.memory - item.size) // 2**20:,} MiB" + (" automatic" if auto else "")
     parts = [
         f"{item.name} Q4_K_M",
         f"{item.size / 1e9:.1f} GB file" + (", downloaded" if here else ""),
-        f"needs {need.memory / 2**30:.1f} GiB with {need.context:,} tokens of context",
+        f"needs {need.memory / 2**30:.1f} GiB with {need.context:,} tokens of context ({kv})",
         ("fits" if need.fits else "does NOT fit") + f" ({need.free / 2**30:.1f} GiB free)",
     ]
     if need.tokens_per_s is not None:
@@ -90,15 +112,22 @@ def describe(item: Recommended, need: Fit, here: bool) -> str:
 def picker_options(
     folder: Path, settings: Mapping[str, Any], bandwidth: float | None
 ) -> list[SelectOptionDict]:
-    """The recommended files as the form lists them, sized for ``settings`` (blocking)."""
-    kv_budget = int(settings.get(CONF_KV_BUDGET_MIB, DEFAULT_KV_BUDGET_MIB)) * 2**20
+    """The recommended files as the form lists them, sized for ``settings`` (blocking).
+
+    With the automatic KV budget (0 on the form) each file gets its own, as it would be
+    saved: the line shows it and the context it holds.
+    """
+    chosen = int(settings.get(CONF_KV_BUDGET_MIB, DEFAULT_KV_BUDGET_MIB))
+    auto = chosen == KV_BUDGET_AUTO
     context = int(settings.get(CONF_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN))
     free = free_memory()
     options = []
     for item in RECOMMENDED:
         shape, here = _shape(item, folder)
+        kv_budget = auto_kv_budget(item.size, shape, free) if auto else chosen * 2**20
         need = fit(item.size, shape, kv_budget, context, free=free, bandwidth=bandwidth)
-        options.append(SelectOptionDict(value=item.key, label=describe(item, need, here)))
+        label = describe(item, need, here, auto)
+        options.append(SelectOptionDict(value=item.key, label=label))
     return options
 
 

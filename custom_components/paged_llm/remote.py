@@ -39,6 +39,8 @@ FALLBACK_CONTEXT = 4096
 BYTES_PER_TOKEN = 3
 # A loading server that does not say how long to wait: the metrics poll's pace.
 LOADING_RETRY_S = 5
+# What the evaluate check scores: a short chat, its last prompt token read back.
+PROBE_MESSAGES = ({"role": "user", "content": "Is the light on?"},)
 
 _LOGGER = logging.getLogger(__package__)
 
@@ -108,6 +110,11 @@ class RemoteBackend:
         # Whether the server takes announced voice queries (None: not asked yet).
         self._announces: bool | None = None
         self._announcing: asyncio.Task[None] | None = None
+        # Whether the server gave what evaluating needs (None: not asked yet), and why not.
+        self._evaluates: bool | None = None
+        self._evaluate_reason = ""
+        # Asked since the server last came (back): a server away may return as another one.
+        self._evaluate_checked = False
 
     @property
     def available(self) -> bool:
@@ -118,6 +125,11 @@ class RemoteBackend:
     def native_tools(self) -> bool:
         """Tools go to the server, which renders them with the model's template."""
         return True
+
+    @property
+    def can_evaluate(self) -> bool:
+        """Whether the server gave token ids and prompt log probabilities when last asked."""
+        return self._evaluates is True
 
     @property
     def context_size(self) -> int:
@@ -185,6 +197,8 @@ class RemoteBackend:
             self._ready = True
         now = self.available
         if was and not now:
+            # It may come back as another server (llama.cpp's where ours was): ask again then.
+            self._evaluate_checked = False
             _LOGGER.warning("The model's server at %s cannot serve now: %s", self.client.root, why)
         elif now and not was:
             _LOGGER.info("The model's server at %s serves again", self.client.root)
@@ -250,10 +264,61 @@ class RemoteBackend:
             raise client_error(err, self.client.root) from err
 
     def _cannot_evaluate(self, what: str) -> BackendError:
-        """The error of a server that lacks what evaluating needs (``what`` it lacks)."""
-        return BackendError(
-            "evaluate_unsupported", f"{self.client.root} returns no {what}", placeholders={}
+        """The error of a server that lacks what evaluating needs (``what`` it lacks).
+
+        The next poll asks the server again (a /tokenize that failed once may be a blip),
+        and the AI task entity follows its answer.
+        """
+        self._evaluate_checked = False
+        reason = f"{self.client.root} returns no {what}"
+        return BackendError("evaluate_unsupported", reason, placeholders={})
+
+    def _note_evaluates(self, evaluates: bool, reason: str = "") -> None:
+        """Keep whether the server can evaluate; log a change once (not per poll)."""
+        changed = evaluates != self._evaluates or reason != self._evaluate_reason
+        self._evaluates, self._evaluate_reason = evaluates, reason
+        self._evaluate_checked = True
+        if not changed:
+            return
+        if not evaluates:
+            _LOGGER.warning(
+                "The model's server at %s cannot evaluate (ai_task.evaluate is not offered): %s",
+                self.client.root,
+                reason,
+            )
+        else:
+            _LOGGER.debug("The model's server at %s can evaluate", self.client.root)
+
+    async def _async_check_evaluate(self) -> None:
+        """Ask the server for what scoring uses: /tokenize's ids and prompt_logprobs.
+
+        The same two calls as an evaluation, on a short chat whose last prompt token is
+        read back. A server without /tokenize, one that drops prompt_logprobs, or one that
+        refuses the request (400) cannot evaluate. A server away, loading or too busy to
+        answer in time leaves the question open: it is asked again at the next poll.
+        """
+        kwargs = {"enable_thinking": False}
+        ids = await self.client.tokens(
+            self.model, messages=list(PROBE_MESSAGES), chat_template_kwargs=kwargs
         )
+        if not ids or len(ids) < 2:
+            self._note_evaluates(False, f"{self.client.root} returns no token ids (/tokenize)")
+            return
+        try:
+            values = await self.client.score_tail(self.model, ids, 1, to_vllm("background"))
+        except AuthenticationError:
+            raise
+        except RequestError as err:
+            self._note_evaluates(False, f"{self.client.root} refuses prompt_logprobs: {err}")
+            return
+        except ClientError as err:
+            _LOGGER.debug("Whether %s can evaluate is asked again later: %s", self.client.root, err)
+            return
+        if values is None:
+            what = "prompt log probabilities (prompt_logprobs)"
+            self._note_evaluates(False, f"{self.client.root} returns no {what}")
+            return
+        self._note_evaluates(True)
 
     async def _score_tokens(self, query: ScoreQuery) -> QueryTokens:
         """A query's tokens by the server's tokenizer and template (see score_plan)."""
@@ -325,6 +390,9 @@ class RemoteBackend:
             text = await self._metrics_text()
             if text is None:
                 await self.client.models()  # is the server there at all?
+            if not self._evaluate_checked:
+                # At setup (the first refresh) and after the server was away or loading.
+                await self._async_check_evaluate()
         except CannotConnectError as err:
             self._reached(False, why=str(err))
             return self._set_snapshot(MetricsSnapshot(engine_state=EngineState.UNLOADED))
@@ -400,6 +468,9 @@ class RemoteBackend:
             "sends_priority": self.client.sends_priority,
             # Whether the server takes a satellite's announced voice queries (None: not yet asked).
             "takes_voice_announcements": self._announces,
+            # Whether ai_task.evaluate is offered (None: not asked yet), and why not.
+            "evaluates": self._evaluates,
+            "cannot_evaluate_because": self._evaluate_reason or None,
             "timeout": self.client.timeout,
         }
 

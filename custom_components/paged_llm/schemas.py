@@ -44,6 +44,7 @@ from .const import (
     CONF_DTYPE,
     CONF_HOME_GRAMMAR,
     CONF_IDLE_UNLOAD_MIN,
+    CONF_KV_BUDGET_AUTO,
     CONF_KV_BUDGET_MIB,
     CONF_MAX_HISTORY,
     CONF_MAX_MODEL_LEN,
@@ -71,6 +72,7 @@ from .const import (
     DEFAULT_WEIGHTS,
     DEVICES,
     DTYPES,
+    KV_BUDGET_AUTO,
     MAX_KV_BUDGET_MIB,
     MAX_MAX_TOKENS,
     MODEL_BUNDLED,
@@ -170,7 +172,7 @@ def engine_schema(
                 CONF_KV_BUDGET_MIB, default=values[CONF_KV_BUDGET_MIB]
             ): NumberSelector(
                 NumberSelectorConfig(
-                    min=1,
+                    min=KV_BUDGET_AUTO,
                     max=MAX_KV_BUDGET_MIB,
                     step=1,
                     unit_of_measurement="MiB",
@@ -210,6 +212,9 @@ def engine_schema(
 def form_values(data: Mapping[str, Any]) -> dict[str, Any]:
     """Entry data as the form shows it (selects of strings; the model split in two fields)."""
     values = {**ENGINE_DEFAULTS, **data}
+    # An automatic budget is saved sized for its model; the form shows it as chosen: 0.
+    if values.pop(CONF_KV_BUDGET_AUTO, False):
+        values[CONF_KV_BUDGET_MIB] = KV_BUDGET_AUTO
     values[CONF_BLOCK_SIZE] = str(values[CONF_BLOCK_SIZE])
     model = values[CONF_MODEL]
     if model in BY_KEY:  # a form sent back with a recommended file chosen

@@ -231,21 +231,29 @@ async def test_reconfigure_restarts_engine_with_new_kv_budget(
     assert result["step_id"] == "reconfigure"
     # The model picker too; "Another file or model" left empty keeps the entry's model.
     assert CONF_MODEL in {str(key) for key in result["data_schema"].schema}
-    result = await hass.config_entries.flow.async_configure(
-        result["flow_id"],
-        {
-            "device": "cpu",
-            "dtype": "float32",
-            "weights": "q8",
-            "kv_budget_mib": 8,
-            "block_size": "16",
-            "max_num_seqs": 8,
-            "max_model_len": 0,
-        },
-    )
-    assert result["type"] is FlowResultType.ABORT
-    assert result["reason"] == "reconfigure_successful"
-    await hass.async_block_till_done()
+    with patch.object(AsyncEngine, "start", autospec=True, side_effect=AsyncEngine.start) as start:
+        result = await hass.config_entries.flow.async_configure(
+            result["flow_id"],
+            {
+                "device": "cpu",
+                "dtype": "float32",
+                "weights": "q8",
+                "kv_budget_mib": 8,
+                "block_size": "16",
+                "max_num_seqs": 8,
+                "max_model_len": 0,
+            },
+        )
+        # Settings that load the model differently are test-loaded first, as the first run.
+        assert result["type"] is FlowResultType.SHOW_PROGRESS
+        assert result["step_id"] == "load"
+        await hass.async_block_till_done()
+        result = await hass.config_entries.flow.async_configure(result["flow_id"])
+        assert result["type"] is FlowResultType.ABORT
+        assert result["reason"] == "reconfigure_successful"
+        await hass.async_block_till_done()
+    # The engine the flow test-loaded is the one the entry restarts with: loaded once.
+    assert start.call_count == 1
 
     assert entry.state is ConfigEntryState.LOADED
     assert entry.data["kv_budget_mib"] == 8
@@ -284,6 +292,53 @@ async def test_reconfigure_rejects_settings_the_model_cannot_hold(
     # Nothing changed: the same engine keeps running.
     assert entry.runtime_data.backend.engine is engine
     assert engine.is_running
+
+
+async def _reconfigure_to(hass: HomeAssistant, entry: MockConfigEntry, model: str) -> Any:
+    """Reconfigure ``entry`` to ``model`` ("another file"), other settings as they are."""
+    result = await entry.start_reconfigure_flow(hass)
+    assert result["step_id"] == "reconfigure"
+    values = {**_form(dict(entry.data)), CONF_MODEL: "other", "custom_model": model}
+    result = await hass.config_entries.flow.async_configure(result["flow_id"], values)
+    # Another model is test-loaded first, as the first run's flow does.
+    assert result["type"] is FlowResultType.SHOW_PROGRESS, result
+    assert result["step_id"] == "load"
+    assert result["progress_action"] == "load_model"
+    await hass.async_block_till_done()
+    # A body sent after the load (as to a progress step) gets the flow's form, not a crash.
+    return await hass.config_entries.flow.async_configure(
+        result["flow_id"], {"custom_model": "anything"}
+    )
+
+
+@pytest.mark.parametrize("kind", ["not_gguf", "missing"])
+async def test_reconfigure_to_a_model_that_does_not_load_keeps_the_entry(
+    hass: HomeAssistant, init_integration: MockConfigEntry, tmp_path: Path, kind: str
+) -> None:
+    """A bad choice is found by the test load, on the form: nothing saved, nothing restarted."""
+    entry = init_integration
+    engine = entry.runtime_data.backend.engine
+    before = dict(entry.data)
+    model = tmp_path / "notes.gguf"
+    if kind == "not_gguf":
+        model.write_text("a shopping list, not a model\n" * 100)
+    result = await _reconfigure_to(hass, entry, str(model))
+    assert result["type"] is FlowResultType.FORM
+    assert result["step_id"] == "reconfigure"
+    assert result["errors"] == {"base": "model_load_failed"}
+    reason = result["description_placeholders"]["reason"]
+    assert str(model) in reason
+    if kind == "missing":
+        assert "does not exist" in reason
+    await hass.async_block_till_done()
+    assert dict(entry.data) == before
+    assert entry.unique_id == before[CONF_MODEL]
+    assert entry.state is ConfigEntryState.LOADED
+    assert entry.runtime_data.backend.engine is engine
+    assert engine.is_running
+    # The form still shows the choice that failed, to correct; the entry's model is named.
+    schema = result["data_schema"].schema
+    assert CONF_MODEL in {str(key) for key in schema}
 
 
 async def test_conversation_subentry_flow(

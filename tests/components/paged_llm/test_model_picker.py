@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import CONF_MODEL
 from homeassistant.core import HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType
+from homeassistant.setup import async_setup_component
+from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
 
 from custom_components.paged_llm.const import DOMAIN
 from custom_components.paged_llm.schemas import form_values
@@ -264,3 +267,126 @@ def test_a_downloaded_file_is_sized_from_its_own_header(gguf_bytes: bytes, tmp_p
     assert "downloaded" in after
     assert "8,192 tokens of context" in after
     assert "estimate" not in after  # no bandwidth measured: no speed claimed
+
+
+FLOW = "/api/config/config_entries/flow"
+
+
+async def _post(client: Any, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST ``body`` as the frontend does; Home Assistant must answer 200 with a step."""
+    response = await client.post(url, json=body)
+    assert response.status == HTTPStatus.OK, (response.status, await response.text())
+    result: dict[str, Any] = await response.json()
+    return result
+
+
+@pytest.mark.parametrize("failing", ["download", "load"])
+async def test_a_body_posted_after_a_progress_step_gets_the_flows_form_not_a_500(
+    hass: HomeAssistant,
+    config_dir: Path,
+    stand_in: Index,
+    hass_client: ClientSessionGenerator,
+    failing: str,
+) -> None:
+    """Through the HTTP API: a body sent once the download or the load failed is answered
+    with the flow's step (the engine form and its error), not a 500.
+
+    Home Assistant passes what is posted to a finished progress step on to the step after
+    it (here the engine form, not shown yet), unchecked by any schema; the form step once
+    read it as its own answer and failed on the fields it lacked.
+    """
+    # Every view registered before the client starts (its router is frozen then).
+    assert await async_setup_component(hass, "config", {})
+    assert await async_setup_component(hass, DOMAIN, {})
+    client = await hass_client()
+    result = await _post(client, FLOW, {"handler": DOMAIN})
+    flow = f"{FLOW}/{result['flow_id']}"
+    result = await _post(client, flow, {"backend": "embedded"})
+    assert result["step_id"] == "embedded"
+    typed = "someone/None:Q4_1" if failing == "download" else str(config_dir / "none.gguf")
+    values = {**form_values({}), CONF_MODEL: "other", "custom_model": typed}
+    result = await _post(client, flow, values)
+    assert result["type"] == "progress"
+    assert result["step_id"] == failing
+    await hass.async_block_till_done()  # the task failed; the flow is past its progress step
+
+    result = await _post(client, flow, {"custom_model": "anything"})
+    assert result["type"] == "form", result
+    assert result["step_id"] == "embedded"
+    key = "download_failed" if failing == "download" else "model_load_failed"
+    assert result["errors"] == {"base": key}
+    # The form takes its own input as ever.
+    result = await _post(client, flow, {**values, "custom_model": ""})
+    assert result["type"] == "form"
+    assert result["errors"] == {"custom_model": "model_missing"}
+
+
+def test_the_automatic_kv_budget_follows_the_model_within_the_memory_free() -> None:
+    from paged_llm.catalogue import BY_KEY as FILES
+    from paged_llm.catalogue import Shape, auto_kv_budget
+
+    mib, plenty = 2**20, 64 * 2**30
+    qwen3, qwen25, big = FILES["qwen3-1.7b"], FILES["qwen2.5-1.5b"], FILES["qwen3-4b"]
+    # 4,096 tokens of Qwen3 1.7B's 224 KiB each; Qwen2.5 1.5B's 56 KiB stay at the floor.
+    assert auto_kv_budget(qwen3.size, qwen3.shape, plenty) == 896 * mib
+    assert auto_kv_budget(big.size, big.shape, plenty) == 1152 * mib
+    assert auto_kv_budget(qwen25.size, qwen25.shape, plenty) == 512 * mib
+    # A model whose whole context is shorter gets that (here above the floor).
+    short = Shape(layers=64, kv_heads=8, head_dim=128, context=2048)
+    assert auto_kv_budget(1, short, plenty) == 2048 * short.kv_bytes_per_token()
+    # Capped so weights and KV fit the memory free; never below 512 MiB.
+    assert auto_kv_budget(big.size, big.shape, big.size + 700 * mib) == 700 * mib
+    assert auto_kv_budget(big.size, big.shape, big.size + 100 * mib) == 512 * mib
+
+
+def test_the_picker_shows_each_files_automatic_budget_and_keeps_a_typed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import custom_components.paged_llm.picker as picker
+
+    monkeypatch.setattr(picker, "free_memory", lambda: 64 * 2**30)
+    automatic = {o["value"]: o["label"] for o in picker.picker_options(tmp_path, {}, None)}
+    assert "4,096 tokens of context (KV 896 MiB automatic)" in automatic["qwen3-1.7b"]
+    assert "9,362 tokens of context (KV 512 MiB automatic)" in automatic["qwen2.5-1.5b"]
+    typed = {
+        o["value"]: o["label"]
+        for o in picker.picker_options(tmp_path, {"kv_budget_mib": 512}, None)
+    }
+    assert "2,340 tokens of context (KV 512 MiB)" in typed["qwen3-1.7b"]
+
+
+async def test_the_default_kv_budget_is_sized_for_the_chosen_file_and_a_typed_one_kept(
+    hass: HomeAssistant, config_dir: Path, stand_in: Index, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from paged_llm import catalogue
+
+    # SmolLM2's 4,096 tokens need less than the 512 MiB floor: lowered, the size shows.
+    monkeypatch.setattr(catalogue, "AUTO_KV_FLOOR", 16 * 2**20)
+    result = await _through_progress(hass, await _submit(hass, "other", f"{REPO}:Q4_1"))
+    assert result["type"] is FlowResultType.CREATE_ENTRY, result
+    path = Path(result["data"][CONF_MODEL])
+    shape = catalogue.shape_of(path)
+    needed = -(-min(4096, shape.context) * shape.kv_bytes_per_token() // 2**20)
+    assert result["data"]["kv_budget_mib"] == needed
+    assert result["data"]["kv_budget_auto"] is True
+    entry = result["result"]
+    await hass.async_block_till_done()
+    assert entry.state is ConfigEntryState.LOADED
+    # The reconfigure form shows the automatic budget as chosen (0); a typed one is kept.
+    assert form_values(entry.data)["kv_budget_mib"] == 0
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN,
+        context={"source": config_entries.SOURCE_RECONFIGURE, "entry_id": entry.entry_id},
+    )
+    fields = {str(key) for key in result["data_schema"].schema}
+    values = {k: v for k, v in form_values(entry.data).items() if k in fields}
+    values["kv_budget_mib"] = 300
+    result = await _through_progress(
+        hass, await hass.config_entries.flow.async_configure(result["flow_id"], values)
+    )
+    assert result["type"] is FlowResultType.ABORT, result
+    await hass.async_block_till_done()
+    assert entry.data["kv_budget_mib"] == 300
+    assert "kv_budget_auto" not in entry.data
+    assert entry.state is ConfigEntryState.LOADED
+    assert await hass.config_entries.async_unload(entry.entry_id)

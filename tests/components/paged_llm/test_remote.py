@@ -708,39 +708,67 @@ async def test_remote_answers_equal_the_embedded_engines_on_the_same_model(
     assert hits[0] > 0
 
 
-async def _proxy_without_prompt_logprobs(target: str) -> AsyncIterator[str]:
+class LogprobsProxy:
     """A server in front of ``target`` whose completions carry no prompt_logprobs.
 
     It stands for a server that ignores the field (llama.cpp's, Ollama's): everything else
-    is the real server's answer.
+    is the real server's answer. ``strip`` off, it passes them on (a server that can
+    evaluate); stopped and started again, it is a server that was away and came back.
     """
-    session = aiohttp.ClientSession()
 
-    async def forward(request: web.Request) -> web.Response:
+    def __init__(self, target: str) -> None:
+        """Stand in front of the server at ``target``, on a port of its own."""
+        self.target = target
+        self.strip = True
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        """The target's answer, its prompt log probabilities dropped while ``strip``."""
+        assert self._session is not None
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
-        async with session.request(
-            request.method, f"{target}{request.path_qs}", data=body, headers=headers
+        async with self._session.request(
+            request.method, f"{self.target}{request.path_qs}", data=body, headers=headers
         ) as resp:
             payload = await resp.read()
-            if request.path == "/v1/completions" and resp.status == 200:
+            if self.strip and request.path == "/v1/completions" and resp.status == 200:
                 data = await resp.json()
                 for choice in data.get("choices", []):
                     choice.pop("prompt_logprobs", None)
                 return web.json_response(data)
             return web.Response(body=payload, status=resp.status, content_type=resp.content_type)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", forward)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    async def start(self) -> None:
+        """Listen (again) on the proxy's port."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self, *, close: bool = False) -> None:
+        """Stop listening: the server is away (``close``: for good, the session too)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if close and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def _proxy_without_prompt_logprobs(target: str) -> AsyncIterator[str]:
+    """A :class:`LogprobsProxy` for the time of one ``async for``; yields its URL."""
+    proxy = LogprobsProxy(target)
+    await proxy.start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield proxy.url
     finally:
-        await runner.cleanup()
-        await session.close()
+        await proxy.stop(close=True)
 
 
 async def test_a_server_without_prompt_logprobs_cannot_evaluate_and_says_so(
@@ -762,3 +790,99 @@ async def test_a_server_without_prompt_logprobs_cannot_evaluate_and_says_so(
     scores = await backend.async_score([query], "automation")
     assert len(scores[0]) == 2
     assert all(score < 0 for score in scores[0])
+
+
+def _features(hass: HomeAssistant, entity_id: str) -> ai_task.AITaskEntityFeature:
+    """The AI task entity's supported features, as its state shows them."""
+    state = hass.states.get(entity_id)
+    assert state is not None
+    return ai_task.AITaskEntityFeature(state.attributes["supported_features"])
+
+
+def _cannot_evaluate_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The log's lines that say a server cannot evaluate."""
+    return [r.getMessage() for r in caplog.records if "cannot evaluate" in r.getMessage()]
+
+
+async def test_a_server_that_can_evaluate_is_found_so_at_setup(
+    hass: HomeAssistant, remote_entry: MockConfigEntry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """paged-llm serve gives /tokenize's ids and prompt_logprobs: evaluate is offered."""
+    entity_id = _agent(hass, remote_entry, "ai_task_data")
+    features = _features(hass, entity_id)
+    assert ai_task.AITaskEntityFeature.GENERATE_DATA in features
+    assert ai_task.AITaskEntityFeature.EVALUATE in features
+    diagnostics = remote_entry.runtime_data.backend.diagnostics()
+    assert diagnostics["evaluates"] is True
+    assert diagnostics["cannot_evaluate_because"] is None
+    assert not _cannot_evaluate_lines(caplog)
+
+
+async def test_a_server_without_prompt_logprobs_is_found_at_setup_and_not_offered_evaluate(
+    hass: HomeAssistant,
+    ha_core: None,
+    server: ServerProcess,
+    conversation_options: dict[str, Any],
+    ai_task_options: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Asked at setup: no EVALUATE feature, one log line naming the server and why.
+
+    Home Assistant's action refuses it (the feature is missing), the entity itself answers
+    with its clear key; after the server was away it is asked again, and one that can
+    evaluate now is offered it.
+    """
+    proxy = LogprobsProxy(server.url)
+    await proxy.start()
+    entry = _entry(hass, server, conversation_options, ai_task_options)
+    hass.config_entries.async_update_entry(entry, data={**entry.data, "url": proxy.url})
+    try:
+        assert await hass.config_entries.async_setup(entry.entry_id)
+        await hass.async_block_till_done(wait_background_tasks=True)
+        entity_id = _agent(hass, entry, "ai_task_data")
+        features = _features(hass, entity_id)
+        assert ai_task.AITaskEntityFeature.GENERATE_DATA in features
+        assert ai_task.AITaskEntityFeature.EVALUATE not in features
+        lines = _cannot_evaluate_lines(caplog)
+        assert len(lines) == 1
+        assert proxy.url in lines[0]
+        assert "prompt_logprobs" in lines[0]
+        diagnostics = entry.runtime_data.backend.diagnostics()
+        assert diagnostics["evaluates"] is False
+        assert "prompt_logprobs" in diagnostics["cannot_evaluate_because"]
+
+        # The action: Home Assistant refuses an entity without the feature.
+        with pytest.raises(ServiceValidationError) as caught:
+            await _evaluate(hass, entity_id, QUESTIONS)
+        assert caught.value.translation_domain == "ai_task"
+        assert caught.value.translation_key == "evaluate_not_supported"
+        # Called directly, the entity says this server cannot evaluate.
+        entity = hass.data[ai_task.DOMAIN].get_entity(entity_id)
+        task = ai_task.EvaluationTask(name="night", questions=QUESTIONS, state={"time": "23:40"})
+        with pytest.raises(HomeAssistantError) as caught_here:
+            await entity.internal_async_evaluate(task)
+        assert caught_here.value.translation_key == "evaluate_unsupported"
+        # Polls ask again only after an outage; nothing more is logged.
+        coordinator = entry.runtime_data.coordinator
+        await coordinator.async_refresh()
+        await hass.async_block_till_done()
+        assert len(_cannot_evaluate_lines(caplog)) == 1
+
+        # The server goes away and comes back as one that gives prompt log probabilities.
+        await proxy.stop()
+        await coordinator.async_refresh()
+        await hass.async_block_till_done()
+        assert hass.states.get(entity_id).state == STATE_UNAVAILABLE
+        proxy.strip = False
+        await proxy.start()
+        await coordinator.async_refresh()
+        await hass.async_block_till_done()
+        assert ai_task.AITaskEntityFeature.EVALUATE in _features(hass, entity_id)
+        result = await _evaluate(hass, entity_id, {"awake": QUESTIONS["awake"]})
+        assert 0.0 < result["answers"]["awake"]["noul"] < 1.0
+        assert len(_cannot_evaluate_lines(caplog)) == 1
+    finally:
+        if entry.state is ConfigEntryState.LOADED:
+            assert await hass.config_entries.async_unload(entry.entry_id)
+            await hass.async_block_till_done()
+        await proxy.stop(close=True)
