@@ -160,7 +160,7 @@ def test_the_offline_build_makes_the_image_without_torch_for_both_arches() -> No
     assert not re.search(r"pip install\b.*\btorch\b", script)
     assert "amd64 | x86_64)" in script
     assert "aarch64 | arm64)" in script
-    assert "CC=$cc uv build --wheel -q -o \"$kept\" kernels_wheel" in script
+    assert 'CC=$cc uv build --wheel -q -o "$kept" kernels_wheel' in script
     assert 'cp "$wheel" addon/wheels/' in script
     assert "uv build --wheel -q -o addon/wheels ." in script
     assert 'ENGINE=podman scripts/addon_smoke_test "$image"' in script
