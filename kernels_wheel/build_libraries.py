@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import platform
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -42,9 +43,23 @@ def compiler_module() -> ModuleType:
     return module
 
 
-def machine() -> str:
-    """The machine's name as compiler.VARIANTS keys it."""
-    name = platform.machine().lower()
+def machine(compiler: str | None = None) -> str:
+    """The machine compiler builds for (this one without it), as compiler.VARIANTS keys it.
+
+    Asked of the compiler (``-dumpmachine``), so a cross compiler given as $CC (the add-on's
+    aarch64 image, built on an x86-64 machine) makes its own machine's builds.
+    """
+    name = platform.machine()
+    if compiler is not None:
+        try:
+            done = subprocess.run(
+                [compiler, "-dumpmachine"], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.SubprocessError):
+            done = None
+        if done is not None and done.returncode == 0 and done.stdout.strip():
+            name = done.stdout.strip().split("-")[0]
+    name = name.lower()
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(name, name)
 
 
@@ -53,23 +68,25 @@ def write_libraries(
     libraries: dict[str, str] = LIBRARIES,
     variants: tuple[tuple[str, tuple[str, ...]], ...] | None = None,
 ) -> dict:
-    """Compile libraries for every build (this machine's by default) into out; write the manifest.
+    """Compile libraries for every build into out and write the manifest.
 
-    Returns the manifest. Raises BuildError without a compiler or builds for this machine.
+    The builds default to those of the machine the compiler builds for. Returns the
+    manifest. Raises BuildError without a compiler or builds for that machine.
     """
     compiler_py = compiler_module()
     compiler = compiler_py.find_compiler()
     if compiler is None:
         raise BuildError("no C compiler ($CC, cc, gcc or clang) on PATH")
+    target = machine(compiler)
     if variants is None:
-        variants = compiler_py.VARIANTS.get(machine())
+        variants = compiler_py.VARIANTS.get(target)
         if variants is None:
-            raise BuildError(f"no builds are defined for {machine()}")
+            raise BuildError(f"no builds are defined for {target}")
         # A wheel for one machine only (tests that install it): the builds named, best first.
         if only := os.environ.get(VARIANTS_ENV, "").split():
             variants = tuple(v for v in variants if v[0] in only)
             if not variants:
-                raise BuildError(f"{VARIANTS_ENV}={' '.join(only)} names no build of {machine()}")
+                raise BuildError(f"{VARIANTS_ENV}={' '.join(only)} names no build of {target}")
     out.mkdir(parents=True, exist_ok=True)
 
     def build(job: tuple[str, str, tuple[str, ...]]) -> None:
@@ -84,7 +101,7 @@ def write_libraries(
         list(pool.map(build, jobs))
     manifest = {
         "format": MANIFEST_FORMAT,
-        "machine": machine(),
+        "machine": target,
         "libraries": {
             lib: {
                 "sources": compiler_py.source_digest(KERNELS / source),

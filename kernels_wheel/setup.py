@@ -31,8 +31,17 @@ class PlatformWheel(bdist_wheel):
     """A platform wheel for any Python 3: the libraries are loaded with ctypes, not imported."""
 
     def get_tag(self) -> tuple[str, str, str]:
-        """py3-none-<platform>."""
-        return "py3", "none", super().get_tag()[2]
+        """py3-none-<platform>: the platform the libraries were compiled for.
+
+        A cross compiler's ($CC=aarch64-linux-gnu-gcc on x86-64) libraries are tagged for
+        its machine, not this one, so pip installs them only where they run.
+        """
+        platform_tag = super().get_tag()[2]
+        here = build_libraries.machine()
+        target = build_libraries.machine(build_libraries.compiler_module().find_compiler())
+        if target != here and platform_tag.endswith(f"_{here}"):
+            platform_tag = platform_tag.removesuffix(here) + target
+        return "py3", "none", platform_tag
 
 
 class BinaryDistribution(Distribution):

@@ -138,14 +138,40 @@ def test_the_dockerfile_alone_builds_the_image_for_every_architecture() -> None:
         key.removeprefix("org.opencontainers.image.") for key in labels
     }
     assert f"\nARG BUILD_VERSION={CONFIG['version']}\n" in DOCKERFILE
-    # The light cpu extra (the numpy runner), no PyTorch; gcc builds the C kernels.
+    # The light cpu extra (the numpy runner), no PyTorch, and no C compiler: the kernels
+    # come prebuilt (libgomp1 runs their threads), checked by the build once the add-on's
+    # program, which checks them, is in.
     assert "[cpu]" in DOCKERFILE
     assert "[engine]" not in DOCKERFILE
     assert "pytorch.org" not in DOCKERFILE
-    assert "gcc" in DOCKERFILE
-    assert "from paged_llm.kernels.cpu import native_build" in DOCKERFILE
-    assert "COPY paged_llm_addon /opt/paged-llm-addon/paged_llm_addon" in DOCKERFILE
+    (packages,) = re.findall(r"apt-get install -y --no-install-recommends (.*?) \\", DOCKERFILE)
+    assert packages.split() == ["libgomp1"]
+    copy = DOCKERFILE.index("COPY paged_llm_addon /opt/paged-llm-addon/paged_llm_addon")
+    assert copy < DOCKERFILE.index(
+        "RUN PYTHONPATH=/opt/paged-llm-addon python3 -m paged_llm_addon.kernels\n"
+    )
     assert 'CMD ["/run.sh"]' in DOCKERFILE
+
+
+def test_the_offline_build_makes_the_image_without_torch_for_both_arches() -> None:
+    """scripts/addon_image_offline: no torch in its base, the wheels the Dockerfile takes
+    (the library's and the kernels' for the image's arch), then the smoke test."""
+    script = (ROOT / "scripts" / "addon_image_offline").read_text(encoding="utf-8")
+    assert not re.search(r"pip install\b.*\btorch\b", script)
+    assert "amd64 | x86_64)" in script
+    assert "aarch64 | arm64)" in script
+    assert 'CC=$cc uv build --wheel -q -o "$kept" kernels_wheel' in script
+    assert 'cp "$wheel" addon/wheels/' in script
+    assert "uv build --wheel -q -o addon/wheels ." in script
+    assert 'ENGINE=podman scripts/addon_smoke_test "$image"' in script
+    smoke = (ROOT / "scripts" / "addon_smoke_test").read_text(encoding="utf-8")
+    # Damaged prebuilt kernels, with no compiler to fall back on, stop it with the reason.
+    assert '"is damaged or replaced"' in smoke
+    assert '"and there is no C compiler"' in smoke
+    for name in ("addon_image_offline", "addon_smoke_test"):
+        path = ROOT / "scripts" / name
+        assert os.access(path, os.X_OK)
+        subprocess.run(["bash", "-n", str(path)], check=True)
 
 
 def test_the_run_script_starts_the_program() -> None:
@@ -177,6 +203,10 @@ def test_ci_lints_builds_and_starts_the_image() -> None:
     assert lint["with"]["path"] == "./addon"
     assert any(u.startswith("home-assistant/builder/actions/build-image@") for u in uses)
     assert any("scripts/addon_smoke_test" in step.get("run", "") for step in steps)
+    # The image has no compiler: the kernels its library pins are built for it first.
+    runs = [step.get("run", "") for step in steps]
+    kernels = next(i for i, run in enumerate(runs) if "scripts/kernels_wheel addon/wheels" in run)
+    assert kernels < next(i for i, u in enumerate(uses) if "build-image@" in u)
     assert json.loads(flow["env"]["ARCHITECTURES"]) == sorted(CONFIG["arch"], reverse=True)
     # On a version tag the manifest over the architectures' images is the image config.yaml
     # pulls (the builder names those ghcr.io/OWNER/ARCH-NAME and the manifest OWNER/NAME).

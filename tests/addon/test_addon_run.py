@@ -319,6 +319,33 @@ def test_a_gguf_file_the_engine_refuses_stops_the_add_on(tmp_path: Path) -> None
     assert last.count("\n") == 1
 
 
+@pytest.mark.usefixtures("socket_enabled")
+def test_without_prebuilt_kernels_or_a_compiler_the_add_on_stops_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    """As in the image when no prebuilt build can be used: there is no compiler to fall back
+    on, so the add-on stops with one line naming both instead of serving."""
+    # A Python where torch and the kernels wheel are not installed (the image has neither
+    # torch nor, in this case, a usable wheel), and a PATH with no C compiler on it.
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text(
+        "import sys\nsys.modules.update(torch=None, paged_llm_kernels=None)\n"
+    )
+    env = {
+        "PATH": str(Path(sys.executable).parent),
+        "PYTHONPATH": f"{ROOT / 'addon'}{os.pathsep}{hidden}",
+        "CC": "",
+    }
+    process = _start(tmp_path / "data", {"port": free_port()}, env)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 1, err
+    last = err.splitlines()[-1]
+    assert last.startswith("paged-llm-addon: error: the model could not be loaded: "), err
+    assert "the engine's C kernels cannot run here (no prebuilt kernels fit (the " in last
+    assert "paged-llm-kernels package is not installed) and there is no C compiler" in last
+
+
 def test_the_add_on_serves_and_announces_itself_then_stops_cleanly(
     tmp_path: Path, tiny_model_dir: Path, supervisor: str
 ) -> None:

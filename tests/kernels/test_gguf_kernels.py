@@ -5,6 +5,7 @@ on every path the machine reaches (native, portable, aarch64 under qemu, musl)."
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import platform
 import shutil
@@ -318,10 +319,24 @@ def test_the_c_self_test_passes_on_aarch64() -> None:
 def test_the_c_self_test_passes_with_musl() -> None:
     """Built with musl-gcc (musl-tools; static, one thread: no musl OpenMP runtime here), as
     Home Assistant OS's C library runs it: this CPU's path and the portable one, bit for bit
-    against the reference routines like the glibc builds. aarch64 with musl is not built here:
-    Debian ships no aarch64 musl toolchain without adding arm64 as a foreign architecture."""
+    against the reference routines like the glibc builds. aarch64 with musl: the next test."""
     if platform.machine() != "x86_64":
         pytest.skip(f"musl-gcc builds for x86_64 here; this is {platform.machine()}")
     if not shutil.which("musl-gcc"):
         pytest.skip("no musl-gcc (apt-get install musl-tools)")
     _self_test("musl")
+
+
+def test_the_c_self_test_passes_with_musl_on_aarch64() -> None:
+    """Both NEON paths built for aarch64 with musl (static, one thread), as a Raspberry Pi's
+    Home Assistant OS runs them, bit for bit against the reference routines; under qemu off
+    aarch64. Debian has no aarch64 musl toolchain: zig's C compiler (PyPI's ziglang) is it."""
+    if not (
+        os.environ.get("MUSL_AARCH64_CC")
+        or shutil.which("zig")
+        or importlib.util.find_spec("ziglang") is not None
+    ):
+        pytest.skip("no aarch64 musl compiler (pip install ziglang, or set MUSL_AARCH64_CC)")
+    if platform.machine() != "aarch64" and not shutil.which("qemu-aarch64-static"):
+        pytest.skip("no qemu-aarch64-static (apt-get install qemu-user-static)")
+    _self_test("musl-aarch64")

@@ -279,3 +279,22 @@ def test_seal_records_the_repaired_bytes(tmp_path: Path) -> None:
     assert entry("paged_llm_kernels/cpu_quant-v.so", b"repaired bytes") in lines
     assert entry("paged_llm_kernels/manifest.json", manifest_bytes) in lines
     assert lines[-1] == f"{record},,"
+
+
+@pytest.mark.skipif(
+    build_libraries.machine() == "aarch64" or not shutil.which("aarch64-linux-gnu-gcc"),
+    reason="no aarch64 cross compiler here (apt-get install gcc-aarch64-linux-gnu)",
+)
+def test_a_cross_compiler_builds_its_own_machines_kernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$CC=aarch64-linux-gnu-gcc on x86-64 (the add-on's aarch64 image): aarch64's builds."""
+    monkeypatch.setenv("CC", "aarch64-linux-gnu-gcc")
+    assert build_libraries.machine("aarch64-linux-gnu-gcc") == "aarch64"
+    arm = compiler.VARIANTS["aarch64"]
+    made = build_libraries.write_libraries(tmp_path, {"cpu_quant": "src/cpu_quant.c"}, arm[-1:])
+    assert made["machine"] == "aarch64"
+    (build,) = made["libraries"]["cpu_quant"]["builds"]
+    assert build["needs"] == "asimd"
+    header = (tmp_path / build["file"]).read_bytes()[:20]
+    assert header[18:20] == (183).to_bytes(2, "little")  # e_machine: EM_AARCH64
