@@ -540,9 +540,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     default_shapes, default_formats = ("360m", "Q4_0") if args.quick else (None, None)
-    shapes = parse_list(
-        args.shapes or default_shapes or ",".join(DEFAULT_SHAPES), SHAPES, "shapes"
-    )
+    shapes = parse_list(args.shapes or default_shapes or ",".join(DEFAULT_SHAPES), SHAPES, "shapes")
     formats = parse_list(args.formats or default_formats or ",".join(FORMATS), FORMATS, "formats")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     binary = build_server()

@@ -42,7 +42,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -125,10 +124,11 @@ class ModelServer(ServerProcess):
         )
 
 
-def prefix_hits(url: str) -> float:
+async def prefix_hits(session: Any, url: str) -> float:
     """The server's prefix-cache hits so far (prompt tokens), from its Prometheus text."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
+    async with session.get(f"{url}/metrics") as reply:
+        reply.raise_for_status()
+        text = await reply.text()
     found = re.search(r"^vllm:prefix_cache_hits(?:_total)?(?:\{[^}]*\})? (\S+)$", text, re.M)
     return float(found[1]) if found else float("nan")
 
@@ -158,10 +158,10 @@ async def measure(url: str, plan: Plan, prompts: Prompts, out: dict[str, Any]) -
         out["prompt_tps"] = out["prompt_tokens"] / out["ttft_cold_s"]
         times, hits = [], []
         for _ in range(plan.cached_repeats):
-            before = prefix_hits(url)
+            before = await prefix_hits(session, url)
             question = prompts.fresh(plan.question_tokens)
             times.append((await paged_completion(session, url, prefix + question, 2))[0])
-            hits.append(prefix_hits(url) - before)
+            hits.append(await prefix_hits(session, url) - before)
         out["ttft_cached_s"] = statistics.median(times)
         out["ttft_cached_all_s"] = times
         out["cached_prompt_tokens"] = hits
@@ -223,11 +223,12 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def table(entries: list[dict[str, Any]], plan: Plan) -> str:
-    """The measured table and the computed one, markdown."""
+def table(entries: list[dict[str, Any]], plan: Plan, what: str = "") -> str:
+    """The measured table and the computed one, markdown; ``what`` says what the files are."""
     mib = 2**20
+    what = what or f"random weights of each model's shape, {FORMAT}"
     lines = [
-        f"| model (random weights of its shape, {FORMAT}) | file MiB | load s | peak RSS MiB "
+        f"| model ({what}) | file MiB | load s | peak RSS MiB "
         f"| KV pool | decode tok/s, 1 request | first token, {plan.assist_tokens:,}+"
         f"{plan.question_tokens} tokens cold (s) | same prompt cached (s) | prompt tok/s |",
         "|---|---:|---:|---:|---|---:|---:|---:|---:|",
@@ -281,10 +282,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--bundled", action="store_true", help="the bundled 135M model's own file only"
     )
-    parser.add_argument("--tokens", type=int, default=Plan.tokens, help="decoded tokens")
-    parser.add_argument("--entities", type=int, default=Plan.entities)
+    defaults = Plan()
+    parser.add_argument("--tokens", type=int, default=defaults.tokens, help="decoded tokens")
+    parser.add_argument("--entities", type=int, default=defaults.entities)
     parser.add_argument(
-        "--prompt-tokens", type=int, default=0, help="the shared prompt's length (default: Assist's)"
+        "--prompt-tokens", type=int, default=0, help="the shared prompt's length (default Assist's)"
     )
     parser.add_argument("--question-tokens", type=int, default=QUESTION_TOKENS)
     parser.add_argument("--kv-budget-mib", type=int, default=KV_BUDGET_MIB)
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench_results")
     args = parser.parse_args(argv)
     plan = replace(
-        Plan(),
+        defaults,
         tokens=args.tokens,
         entities=args.entities,
         prompt_tokens=args.prompt_tokens,
@@ -347,7 +349,8 @@ def main(argv: list[str] | None = None) -> None:
         report["files"].append(entry)
         path.write_text(json.dumps(report, indent=1) + "\n")
         print(f"  {entry['result'].get('wall_s', 0):.0f} s", flush=True)
-    print(table(report["files"], plan))
+    what = "its own file, real weights" if args.bundled else ""
+    print(table(report["files"], plan, what))
     print(f"\nwrote {path}")
 
 
