@@ -22,6 +22,7 @@ COMMANDS = (
     "home_commands",
     "kernels",
     "llama_cpp",
+    "models",
     "profile_step",
     "scheduler",
     "soak",

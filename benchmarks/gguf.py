@@ -55,6 +55,7 @@ from typing import Any
 from . import ROOT, argument_parser
 from .gguf_models import (
     BUNDLED_SHAPE,
+    DEFAULT_SHAPES,
     FORMATS,
     SHAPES,
     Shape,
@@ -514,7 +515,9 @@ def machine() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     """Command line: make the files that are missing, run both systems on each, report."""
     parser = argument_parser("gguf", __doc__)
-    parser.add_argument("--shapes", default=None, help="comma-separated, default all")
+    parser.add_argument(
+        "--shapes", default=None, help=f"comma-separated, default {','.join(DEFAULT_SHAPES)}"
+    )
     parser.add_argument("--formats", default=None, help="comma-separated, default all")
     parser.add_argument("--quick", action="store_true", help="32 tokens, 360m Q4_0 only")
     parser.add_argument(
@@ -537,7 +540,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     default_shapes, default_formats = ("360m", "Q4_0") if args.quick else (None, None)
-    shapes = parse_list(args.shapes or default_shapes or ",".join(SHAPES), SHAPES, "shapes")
+    shapes = parse_list(args.shapes or default_shapes or ",".join(DEFAULT_SHAPES), SHAPES, "shapes")
     formats = parse_list(args.formats or default_formats or ",".join(FORMATS), FORMATS, "formats")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     binary = build_server()

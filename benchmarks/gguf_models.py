@@ -8,7 +8,9 @@ llama.cpp's ``convert_hf_to_gguf.py --outtype bf16`` and quantized with ``llama-
 Everything is cached under ``.cache/models/``; a file that exists is not made again.
 
 ``scripts/bench gguf_models [--shapes 360m,1.7b,qwen1.5b,gemma3-1b] [--formats Q4_0,Q4_K_M,Q8_0]``
-prints the paths of the quantized files.
+prints the paths of the quantized files. The recommended files' other shapes (qwen2.5-3b,
+qwen3-1.7b, qwen3-4b, llama3.2-3b, gemma3-4b) are made when named: ``--shapes qwen3-4b
+--formats Q4_K_M --clean``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from . import ROOT, argument_parser
 
 MODELS = ROOT / ".cache" / "models"
 FORMATS = ("Q4_0", "Q4_K_M", "Q8_0")
+# What ``scripts/bench gguf`` and this command make and compare when no shape is named; the
+# 3-4B shapes of the recommended files (benchmarks.models) are made when named.
+DEFAULT_SHAPES = ("360m", "1.7b", "qwen1.5b", "gemma3-1b")
 # The tokenizer of SmolLM2 135M, 360M and 1.7B is one and the same.
 TOKENIZER_SOURCE = "SmolLM2-135M-Instruct"
 
@@ -49,7 +54,11 @@ class Shape:
     max_positions: int
     rms_norm_eps: float
     tied: bool = True
-    head_size: int = 0  # where it is not hidden // heads (Gemma 3's 256)
+    head_size: int = 0  # where it is not hidden // heads (Gemma 3's 256, Qwen3 4B's 128)
+    window: int = 0  # Gemma 3's sliding window (512 tokens in the 1B, 1024 in the 4B)
+    # The config's rope_scaling as (key, value) pairs (a tuple keeps the shape hashable):
+    # Llama 3.2's llama3 frequencies, Gemma 3 4B's linear factor on its full layers.
+    rope_scaling: tuple[tuple[str, Any], ...] = ()
 
     @property
     def head_dim(self) -> int:
@@ -80,34 +89,46 @@ class Shape:
             "bos_token_id": 1,
             "eos_token_id": 2,
         }
+        if self.rope_scaling:
+            kwargs["rope_scaling"] = dict(self.rope_scaling)
+        # tiny shrinks a head set apart from the hidden size (Gemma 3's, Qwen3's) by 4.
+        shrink = 4 if tiny else 1
         if self.model_type == "llama":
             kwargs["attention_bias"] = False
             kwargs["mlp_bias"] = False
+        if self.model_type == "qwen3":
+            # Qwen3's kind: RMS norms on each head's queries and keys, no biases, heads of
+            # 128 whatever the hidden size (Qwen3 4B: 2560 wide, 32 heads of 128).
+            kwargs.update(head_dim=self.head_dim // shrink, attention_bias=False)
         if self.model_type == "gemma3_text":
-            # As google/gemma-3-1b-it's config.json has it; Gemma 3's defaults hold the rest
-            # of that layout (a full-attention layer after every five sliding ones, rotary
-            # bases 1e6 and 1e4, GELU, 1 + w norms). Its window is 512 tokens, not the
-            # default 4096 of the larger models.
+            # As google/gemma-3-1b-it's and gemma-3-4b-it's config.json have it; Gemma 3's
+            # defaults hold the rest of that layout (a full-attention layer after every five
+            # sliding ones, rotary bases 1e6 and 1e4, GELU, 1 + w norms). The window is the
+            # model's own (512 tokens in the 1B, 1024 in the 4B), not the class's 4096.
             del kwargs["hidden_act"]  # Gemma's is hidden_activation, GELU by default
-            shrink = 4 if tiny else 1
             kwargs.update(
                 head_dim=self.head_dim // shrink,
                 query_pre_attn_scalar=self.head_dim,
-                sliding_window=512 // shrink,
+                sliding_window=self.window // shrink,
                 pad_token_id=0,
             )
         return kwargs
 
     def config(self, tiny: bool = False) -> Any:
         """A transformers config of this shape (``tiny``: the same kind, small enough to test)."""
-        from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
+        from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
-        kinds = {"llama": LlamaConfig, "qwen2": Qwen2Config, "gemma3_text": Gemma3TextConfig}
+        kinds = {
+            "llama": LlamaConfig,
+            "qwen2": Qwen2Config,
+            "qwen3": Qwen3Config,
+            "gemma3_text": Gemma3TextConfig,
+        }
         return kinds[self.model_type](**self.config_kwargs(tiny))
 
 
 # From the real models' config.json files (HuggingFaceTB/SmolLM2-360M-Instruct,
-# HuggingFaceTB/SmolLM2-1.7B-Instruct, Qwen/Qwen2.5-1.5B-Instruct).
+# HuggingFaceTB/SmolLM2-1.7B-Instruct, Qwen/Qwen2.5-1.5B-Instruct, google/gemma-3-1b-it).
 SHAPES: dict[str, Shape] = {
     "360m": Shape(
         key="360m",
@@ -170,6 +191,97 @@ SHAPES: dict[str, Shape] = {
         max_positions=32768,
         rms_norm_eps=1e-6,
         head_size=256,
+        window=512,
+    ),
+    # The other recommended files of package/catalogue.py, from Qwen/Qwen2.5-3B-Instruct's,
+    # Qwen/Qwen3-1.7B's, Qwen/Qwen3-4B's, meta-llama/Llama-3.2-3B-Instruct's and
+    # google/gemma-3-4b-it's (its text_config) config.json, each with SmolLM2's tokenizer
+    # filled to the model's vocabulary, as above.
+    "qwen2.5-3b": Shape(
+        key="qwen2.5-3b",
+        name="Qwen2.5-3B-shape",
+        model_type="qwen2",
+        hidden=2048,
+        intermediate=11008,
+        layers=36,
+        heads=16,
+        kv_heads=2,
+        vocab=151936,
+        rope_theta=1000000.0,
+        max_positions=32768,
+        rms_norm_eps=1e-6,
+    ),
+    "qwen3-1.7b": Shape(
+        key="qwen3-1.7b",
+        name="Qwen3-1.7B-shape",
+        model_type="qwen3",
+        hidden=2048,
+        intermediate=6144,
+        layers=28,
+        heads=16,
+        kv_heads=8,
+        vocab=151936,
+        rope_theta=1000000.0,
+        max_positions=40960,
+        rms_norm_eps=1e-6,
+        head_size=128,
+    ),
+    "qwen3-4b": Shape(
+        key="qwen3-4b",
+        name="Qwen3-4B-shape",
+        model_type="qwen3",
+        hidden=2560,
+        intermediate=9728,
+        layers=36,
+        heads=32,
+        kv_heads=8,
+        vocab=151936,
+        rope_theta=1000000.0,
+        max_positions=40960,
+        rms_norm_eps=1e-6,
+        head_size=128,  # not 2560 / 32
+    ),
+    # The converter writes the llama3 scaling as llama.cpp's rope_freqs tensor.
+    "llama3.2-3b": Shape(
+        key="llama3.2-3b",
+        name="Llama3.2-3B-shape",
+        model_type="llama",
+        hidden=3072,
+        intermediate=8192,
+        layers=28,
+        heads=24,
+        kv_heads=8,
+        vocab=128256,
+        rope_theta=500000.0,
+        max_positions=131072,
+        rms_norm_eps=1e-5,
+        rope_scaling=(
+            ("rope_type", "llama3"),
+            ("factor", 32.0),
+            ("low_freq_factor", 1.0),
+            ("high_freq_factor", 4.0),
+            ("original_max_position_embeddings", 8192),
+        ),
+    ),
+    # Gemma 3 4B's text part (Gemma3TextConfig; its vision tower is not run). Its config
+    # says 262208 embedding rows, but llama.cpp's converter keeps only as many as the
+    # tokenizer has tokens, 262144 in the real file as in the 1B's.
+    "gemma3-4b": Shape(
+        key="gemma3-4b",
+        name="Gemma3-4B-shape",
+        model_type="gemma3_text",
+        hidden=2560,
+        intermediate=10240,
+        layers=34,
+        heads=8,
+        kv_heads=4,
+        vocab=262144,
+        rope_theta=1000000.0,
+        max_positions=131072,
+        rms_norm_eps=1e-6,
+        head_size=256,
+        window=1024,
+        rope_scaling=(("rope_type", "linear"), ("factor", 8.0)),
     ),
 }
 
@@ -241,6 +353,8 @@ def build_hf(shape: Shape, folder: Path, seed: int = 0, tiny: bool = False) -> P
 
     transformers' own initialisation draws every linear and embedding weight from
     normal(0, initializer_range = 0.02) and sets norms to one; the seed makes it repeatable.
+    The weights are made in bf16 (8 GB for a 4B shape, not float32's 16) and written in
+    shards of 2 GB, so no step holds a second copy of the whole model.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -248,7 +362,7 @@ def build_hf(shape: Shape, folder: Path, seed: int = 0, tiny: bool = False) -> P
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(shape.config(tiny), dtype=torch.bfloat16)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, max_shard_size="2GB")
     del model
     save_tokenizer(folder, 0 if tiny else shape.vocab)
     return folder
@@ -402,7 +516,11 @@ def shape_of(path: Path) -> tuple[Shape, str]:
 def main(argv: list[str] | None = None) -> None:
     """Command line: make the files and print their paths."""
     parser = argument_parser("gguf_models", __doc__)
-    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(DEFAULT_SHAPES),
+        help=f"comma-separated, of {', '.join(SHAPES)} (default {','.join(DEFAULT_SHAPES)})",
+    )
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -15,6 +15,11 @@ STATED = {
     "1.7b": (2048, 8192, 24, 32, 32, 49152, 130000.0, 8192, "llama"),
     "qwen1.5b": (1536, 8960, 28, 12, 2, 151936, 1e6, 32768, "qwen2"),
     "gemma3-1b": (1152, 6912, 26, 4, 1, 262144, 1e6, 32768, "gemma3_text"),
+    "qwen2.5-3b": (2048, 11008, 36, 16, 2, 151936, 1e6, 32768, "qwen2"),
+    "qwen3-1.7b": (2048, 6144, 28, 16, 8, 151936, 1e6, 40960, "qwen3"),
+    "qwen3-4b": (2560, 9728, 36, 32, 8, 151936, 1e6, 40960, "qwen3"),
+    "llama3.2-3b": (3072, 8192, 28, 24, 8, 128256, 500000.0, 131072, "llama"),
+    "gemma3-4b": (2560, 10240, 34, 8, 4, 262144, 1e6, 131072, "gemma3_text"),
 }
 
 
@@ -60,15 +65,26 @@ def test_full_config_has_the_shape(key: str) -> None:
     rope = config.rope_parameters
     assert rope.get("full_attention", rope)["rope_theta"] == shape.rope_theta
     assert config.initializer_range == 0.02
-    if shape.model_type == "gemma3_text":  # gemma-3-1b-it's layout beyond the shape
+    assert getattr(config, "head_dim", None) in (None, shape.head_dim)
+    if shape.model_type == "gemma3_text":  # gemma-3-1b-it's and 4b-it's layout beyond the shape
         assert config.head_dim == config.query_pre_attn_scalar == 256
         assert config.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"]
-        assert config.sliding_window == 512
+        assert config.sliding_window == {"gemma3-1b": 512, "gemma3-4b": 1024}[key]
         assert rope["sliding_attention"]["rope_theta"] == 10000.0
+        assert rope["sliding_attention"]["rope_type"] == "default"
         assert config.hidden_activation == "gelu_pytorch_tanh"
+    if key == "gemma3-4b":  # its full layers' positions are scaled, its sliding ones' not
+        assert rope["full_attention"]["rope_type"] == "linear"
+        assert rope["full_attention"]["factor"] == 8.0
+    if key == "llama3.2-3b":
+        assert rope["rope_type"] == "llama3"
+        assert (rope["factor"], rope["original_max_position_embeddings"]) == (32.0, 8192)
+    if shape.model_type == "qwen3":
+        assert config.head_dim == 128
+        assert not config.attention_bias
 
 
-@pytest.mark.parametrize("key", ["360m", "qwen1.5b", "gemma3-1b"])
+@pytest.mark.parametrize("key", ["360m", "qwen1.5b", "gemma3-1b", "qwen3-4b", "llama3.2-3b"])
 def test_tiny_random_model_keeps_the_kind(key: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -81,6 +97,8 @@ def test_tiny_random_model_keeps_the_kind(key: str) -> None:
     assert attn.q_proj.weight.shape == (shape.heads * head_dim, shape.hidden // 16)
     assert attn.k_proj.weight.shape == (shape.kv_heads * head_dim, shape.hidden // 16)
     assert (attn.q_proj.bias is not None) == (shape.model_type == "qwen2")
+    # Qwen3's kind: an RMS norm over each head's queries and keys
+    assert hasattr(attn, "q_norm") == (shape.model_type in ("qwen3", "gemma3_text"))
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert model.dtype == torch.bfloat16
     std = model.model.embed_tokens.weight.float().std().item()
