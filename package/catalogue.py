@@ -13,8 +13,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# The engine's KV cache on a CPU is float32 (the "Automatic" precision there).
-KV_DTYPE_BYTES = 4
+# Bytes of one K or V value as the engine's automatic KV dtype holds them: float16 on a CPU
+# running a file's quantized weights in place (every recommended file, by default) and the
+# model's 16-bit dtype on a GPU; only dense float weights on a CPU keep a float32 pool.
+KV_DTYPE_BYTES = 2
+DENSE_CPU_KV_DTYPE_BYTES = 4
 # Decoding one token reads every weight once: a CPU's decode speed is its memory bandwidth
 # over the file's bytes, times how the engine's kernels (2 threads) compare with the probe
 # (one numpy thread). 0.9: Qwen2.5 1.5B Q4_K_M decoded 17.3 tokens/s on the 2-core Zen 3
@@ -145,6 +148,16 @@ class Fit:
         return self.memory <= self.free
 
 
+def kv_dtype_bytes(weights: str, device: str) -> int:
+    """Bytes per K or V value the engine's automatic KV dtype gives these form settings.
+
+    Dense (``float``) weights on anything but a GPU named as such keep a float32 pool; a
+    box whose "auto" device turns out a GPU then holds half that (the safe side).
+    """
+    dense_cpu = weights == "float" and device != "cuda"
+    return DENSE_CPU_KV_DTYPE_BYTES if dense_cpu else KV_DTYPE_BYTES
+
+
 def fit(
     size: int,
     shape: Shape,
@@ -152,13 +165,14 @@ def fit(
     max_model_len: int = 0,
     free: int | None = None,
     bandwidth: float | None = None,
+    dtype_bytes: int = KV_DTYPE_BYTES,
 ) -> Fit:
     """What a file of ``size`` bytes and ``shape`` needs with a KV pool of ``kv_budget`` bytes.
 
     ``max_model_len`` 0 takes the model's own context, shortened to what the pool holds, as
-    the engine does.
+    the engine does; ``dtype_bytes`` is :func:`kv_dtype_bytes`' figure.
     """
-    held = kv_budget // shape.kv_bytes_per_token()
+    held = kv_budget // shape.kv_bytes_per_token(dtype_bytes)
     context = min(max_model_len or shape.context, shape.context)
     if not max_model_len:
         context = min(context, held)
@@ -174,15 +188,17 @@ AUTO_KV_TOKENS = 4096
 AUTO_KV_FLOOR = 512 * 2**20
 
 
-def auto_kv_budget(size: int, shape: Shape, free: int | None = None) -> int:
+def auto_kv_budget(
+    size: int, shape: Shape, free: int | None = None, dtype_bytes: int = KV_DTYPE_BYTES
+) -> int:
     """The automatic KV budget in bytes for a file of ``size`` bytes and ``shape``.
 
-    What :data:`AUTO_KV_TOKENS` tokens need (the model's whole context if shorter), whole
-    MiB, at least :data:`AUTO_KV_FLOOR`; above the floor, no more than the memory free
-    beside the weights.
+    What :data:`AUTO_KV_TOKENS` tokens need (the model's whole context if shorter) at
+    ``dtype_bytes`` a value, whole MiB, at least :data:`AUTO_KV_FLOOR`; above the floor, no
+    more than the memory free beside the weights.
     """
     tokens = min(AUTO_KV_TOKENS, shape.context)
-    need = -(-tokens * shape.kv_bytes_per_token() // 2**20) * 2**20
+    need = -(-tokens * shape.kv_bytes_per_token(dtype_bytes) // 2**20) * 2**20
     free = free_memory() if free is None else free
     room = (free - size) // 2**20 * 2**20
     return max(AUTO_KV_FLOOR, min(need, room))

@@ -138,10 +138,13 @@ def test_a_url_on_the_hub_gives_size_and_sha256_by_head(hub_index: Index, tmp_pa
 
 def test_the_kv_cache_and_memory_follow_the_shape() -> None:
     qwen = BY_KEY["qwen2.5-1.5b"]
-    # 28 layers x 2 KV heads x 128 x (K and V) x float32
-    assert qwen.shape.kv_bytes_per_token() == 28 * 2 * 128 * 2 * 4 == 57_344
+    # 28 layers x 2 KV heads x 128 x (K and V) x float16 (the CPU's pool under GGUF weights)
+    assert qwen.shape.kv_bytes_per_token() == 28 * 2 * 128 * 2 * 2 == 28_672
     need = fit(qwen.size, qwen.shape, kv_budget=512 * 2**20, free=4 * 2**30, bandwidth=20e9)
-    assert need.context == 512 * 2**20 // 57_344 == 9362
+    assert need.context == 512 * 2**20 // 28_672 == 18_724
+    # Dense float weights on a CPU keep a float32 pool: half the tokens.
+    dense = fit(qwen.size, qwen.shape, 512 * 2**20, free=4 * 2**30, dtype_bytes=4)
+    assert dense.context == 9362
     assert need.memory == qwen.size + 512 * 2**20
     assert need.fits
     assert need.tokens_per_s == pytest.approx(20e9 * catalogue.BANDWIDTH_USE / qwen.size)

@@ -34,7 +34,7 @@ from homeassistant.helpers import llm
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.service_info.hassio import HassioServiceInfo
 
-from paged_llm.catalogue import BY_KEY
+from paged_llm.catalogue import BY_KEY, kv_dtype_bytes
 from paged_llm.client import (
     AuthenticationError,
     CannotConnectError,
@@ -167,8 +167,9 @@ def coerce_engine_input(user_input: Mapping[str, Any]) -> dict[str, Any]:
 async def async_resolve_kv_budget(hass: HomeAssistant, data: dict[str, Any]) -> None:
     """Size an automatic KV budget for the data's model, in place; a chosen one stays."""
     if data.get(CONF_KV_BUDGET_AUTO):
+        dtype_bytes = kv_dtype_bytes(data[CONF_WEIGHTS], data[CONF_DEVICE])
         data[CONF_KV_BUDGET_MIB] = await hass.async_add_executor_job(
-            auto_kv_budget_mib, data[CONF_MODEL]
+            auto_kv_budget_mib, data[CONF_MODEL], None, dtype_bytes
         )
 
 

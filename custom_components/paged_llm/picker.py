@@ -6,12 +6,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from homeassistant.const import CONF_DEVICE
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers.selector import SelectOptionDict
 
 from paged_llm.catalogue import (
     AUTO_KV_FLOOR,
     BY_KEY,
+    KV_DTYPE_BYTES,
     RECOMMENDED,
     Fit,
     Recommended,
@@ -19,6 +21,7 @@ from paged_llm.catalogue import (
     auto_kv_budget,
     fit,
     free_memory,
+    kv_dtype_bytes,
     measure_bandwidth,
     shape_of,
 )
@@ -28,8 +31,11 @@ from paged_llm.hub import Source, fetch, parse_source, resolve
 from .const import (
     CONF_KV_BUDGET_MIB,
     CONF_MAX_MODEL_LEN,
+    CONF_WEIGHTS,
+    DEFAULT_DEVICE,
     DEFAULT_KV_BUDGET_MIB,
     DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_WEIGHTS,
     DOMAIN,
     KV_BUDGET_AUTO,
 )
@@ -76,7 +82,9 @@ def _shape(item: Recommended, folder: Path) -> tuple[Shape, bool]:
     return item.shape, False
 
 
-def auto_kv_budget_mib(model: str, free: int | None = None) -> int:
+def auto_kv_budget_mib(
+    model: str, free: int | None = None, dtype_bytes: int = KV_DTYPE_BYTES
+) -> int:
     """The automatic KV budget in MiB for ``model`` (blocking: reads a GGUF file's header).
 
     A GGUF file on disk is sized from its own header (see catalogue.auto_kv_budget);
@@ -90,7 +98,7 @@ def auto_kv_budget_mib(model: str, free: int | None = None) -> int:
             size = path.stat().st_size
         except Exception:  # not a GGUF file after all: the test load names it
             return AUTO_KV_FLOOR // 2**20
-        return auto_kv_budget(size, shape, free) // 2**20
+        return auto_kv_budget(size, shape, free, dtype_bytes) // 2**20
     return AUTO_KV_FLOOR // 2**20
 
 
@@ -119,13 +127,19 @@ def picker_options(
     """
     chosen = int(settings.get(CONF_KV_BUDGET_MIB, DEFAULT_KV_BUDGET_MIB))
     auto = chosen == KV_BUDGET_AUTO
+    dtype_bytes = kv_dtype_bytes(
+        settings.get(CONF_WEIGHTS, DEFAULT_WEIGHTS), settings.get(CONF_DEVICE, DEFAULT_DEVICE)
+    )
     context = int(settings.get(CONF_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN))
     free = free_memory()
     options = []
     for item in RECOMMENDED:
         shape, here = _shape(item, folder)
-        kv_budget = auto_kv_budget(item.size, shape, free) if auto else chosen * 2**20
-        need = fit(item.size, shape, kv_budget, context, free=free, bandwidth=bandwidth)
+        if auto:
+            kv_budget = auto_kv_budget(item.size, shape, free, dtype_bytes)
+        else:
+            kv_budget = chosen * 2**20
+        need = fit(item.size, shape, kv_budget, context, free, bandwidth, dtype_bytes=dtype_bytes)
         label = describe(item, need, here, auto)
         options.append(SelectOptionDict(value=item.key, label=label))
     return options

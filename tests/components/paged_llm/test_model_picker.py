@@ -260,7 +260,7 @@ def test_a_downloaded_file_is_sized_from_its_own_header(gguf_bytes: bytes, tmp_p
     first = RECOMMENDED[0]
     before = picker_options(tmp_path, {"kv_budget_mib": 512}, None)[0]["label"]
     assert "downloaded" not in before
-    assert "9,362 tokens of context" in before  # Qwen2.5 1.5B's shape, from the catalogue
+    assert "18,724 tokens of context" in before  # Qwen2.5 1.5B's shape, from the catalogue
     # A file under that name whose header says otherwise (SmolLM2's: 8,192 tokens at most).
     (tmp_path / first.filename).write_bytes(gguf_bytes)
     after = picker_options(tmp_path, {"kv_budget_mib": 512}, None)[0]["label"]
@@ -327,15 +327,17 @@ def test_the_automatic_kv_budget_follows_the_model_within_the_memory_free() -> N
 
     mib, plenty = 2**20, 64 * 2**30
     qwen3, qwen25, big = FILES["qwen3-1.7b"], FILES["qwen2.5-1.5b"], FILES["qwen3-4b"]
-    # 4,096 tokens of Qwen3 1.7B's 224 KiB each; Qwen2.5 1.5B's 56 KiB stay at the floor.
-    assert auto_kv_budget(qwen3.size, qwen3.shape, plenty) == 896 * mib
-    assert auto_kv_budget(big.size, big.shape, plenty) == 1152 * mib
+    # 4,096 tokens of Qwen3 4B's 144 KiB each (float16); Qwen3 1.7B's 112 KiB and Qwen2.5
+    # 1.5B's 28 KiB stay at the floor; a float32 pool (dense weights on a CPU) needs twice.
+    assert auto_kv_budget(big.size, big.shape, plenty) == 576 * mib
+    assert auto_kv_budget(qwen3.size, qwen3.shape, plenty) == 512 * mib
+    assert auto_kv_budget(qwen3.size, qwen3.shape, plenty, dtype_bytes=4) == 896 * mib
     assert auto_kv_budget(qwen25.size, qwen25.shape, plenty) == 512 * mib
     # A model whose whole context is shorter gets that (here above the floor).
     short = Shape(layers=64, kv_heads=8, head_dim=128, context=2048)
     assert auto_kv_budget(1, short, plenty) == 2048 * short.kv_bytes_per_token()
     # Capped so weights and KV fit the memory free; never below 512 MiB.
-    assert auto_kv_budget(big.size, big.shape, big.size + 700 * mib) == 700 * mib
+    assert auto_kv_budget(big.size, big.shape, big.size + 540 * mib) == 540 * mib
     assert auto_kv_budget(big.size, big.shape, big.size + 100 * mib) == 512 * mib
 
 
@@ -346,13 +348,20 @@ def test_the_picker_shows_each_files_automatic_budget_and_keeps_a_typed_one(
 
     monkeypatch.setattr(picker, "free_memory", lambda: 64 * 2**30)
     automatic = {o["value"]: o["label"] for o in picker.picker_options(tmp_path, {}, None)}
-    assert "4,096 tokens of context (KV 896 MiB automatic)" in automatic["qwen3-1.7b"]
-    assert "9,362 tokens of context (KV 512 MiB automatic)" in automatic["qwen2.5-1.5b"]
+    assert "4,096 tokens of context (KV 576 MiB automatic)" in automatic["qwen3-4b"]
+    assert "4,681 tokens of context (KV 512 MiB automatic)" in automatic["qwen3-1.7b"]
+    assert "18,724 tokens of context (KV 512 MiB automatic)" in automatic["qwen2.5-1.5b"]
     typed = {
         o["value"]: o["label"]
         for o in picker.picker_options(tmp_path, {"kv_budget_mib": 512}, None)
     }
-    assert "2,340 tokens of context (KV 512 MiB)" in typed["qwen3-1.7b"]
+    assert "3,640 tokens of context (KV 512 MiB)" in typed["qwen3-4b"]
+    # Dense weights on a CPU: a float32 pool, so the automatic budget doubles.
+    dense = {
+        o["value"]: o["label"]
+        for o in picker.picker_options(tmp_path, {"weights": "float", "device": "cpu"}, None)
+    }
+    assert "4,096 tokens of context (KV 896 MiB automatic)" in dense["qwen3-1.7b"]
 
 
 async def test_the_default_kv_budget_is_sized_for_the_chosen_file_and_a_typed_one_kept(
