@@ -11,7 +11,8 @@ from pathlib import Path
 def cache_folder(gguf: Path, cache_dir: Path) -> Path:
     """Where the file's config and tokenizer are kept, keyed by the file's identity."""
     stat = gguf.stat()
-    key = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:config+tokenizer"
+    # "+rope": folders kept before the file's rope scaling was applied are not reused
+    key = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:config+tokenizer+rope"
     return cache_dir / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 

@@ -30,7 +30,7 @@ from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.model import gguf_file
 from paged_llm.engine.model.bundled import bundled_file
 from paged_llm.engine.model.ggml_types import GGMLType
-from paged_llm.engine.model.gguf_config import GGUFConfig, config_of
+from paged_llm.engine.model.gguf_config import GGUFConfig, config_of, rope_factors
 from paged_llm.engine.model.gguf_metadata import MetadataReader, Unreadable
 from paged_llm.engine.model.loaded import NUMPY, LoadedModel
 from paged_llm.engine.model.memory import available_memory
@@ -311,7 +311,8 @@ def load_cpu_model(config: EngineConfig, progress: Progress | None = None) -> Lo
         raise ModelLoadError(f"{path}: cannot read its GGUF metadata ({err})") from err
     except OSError as err:
         raise ModelLoadError(f"{path}: {err}") from err
-    model_config = config_of(reader.values(), [t.name for t in reader.tensors])
+    names = [t.name for t in reader.tensors]
+    model_config = config_of(reader.values(), names, rope_factors(path, reader))
     weights = read_weights(path, model_config, part(progress, 0.1), reader)
     vocab = read_vocabulary(path, reader)
     tokenizer = GGUFTokenizer(vocab, path, tokenizers_dir(config))

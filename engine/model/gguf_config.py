@@ -6,9 +6,11 @@ whatever the file does not state). :func:`read_config` gives the same values for
 architectures the C forward runs (llama, with SmolLM2 and Llama 3.x; mistral, which
 transformers takes from a llama file named exactly ``mistral``; qwen2; qwen3; gemma2;
 gemma3 text), from the engine's own metadata reader: what the torch-free path (issue 57)
-needs, equal to what the torch path gets. transformers reads only some of llama.cpp's keys;
-those it ignores (rope scaling, Gemma 2's soft-caps, Qwen 3's key length) are not used
-here either, so both paths run the same model, and :attr:`GGUFConfig.ignored` names them.
+needs, equal to what the torch path gets. transformers reads only some of llama.cpp's keys.
+The rope scaling it skips is applied on both paths (gguf_rope.py: the model's own config
+is the oracle there); the other keys it ignores (Gemma 2's soft-caps, Qwen 3's key length,
+a window other than the class's) are not used here either, so both paths run the same
+model, and :attr:`GGUFConfig.ignored` names them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from paged_llm.engine.errors import ModelLoadError, UnsupportedModelError
+from paged_llm.engine.model import gguf_rope
 from paged_llm.engine.model.architectures import SUPPORTED_MODEL_TYPES
 from paged_llm.engine.model.gguf_metadata import MetadataReader, Unreadable
 from paged_llm.engine.model.rope import Rope
@@ -143,7 +148,7 @@ class GGUFConfig:
     bos_token_id: int | None
     eos_token_id: int | None
     pad_token_id: int | None
-    # Keys (and tensors) of the file that llama.cpp runs by but transformers ignores
+    # Keys of the file that llama.cpp runs by but transformers ignores (and so do we)
     ignored: tuple[str, ...] = ()
 
     @property
@@ -177,11 +182,33 @@ def read_config(path: str | Path) -> GGUFConfig:
         raise ModelLoadError(f"{path}: cannot read its GGUF metadata ({err})") from err
     except OSError as err:
         raise ModelLoadError(f"{path}: {err}") from err
-    return config_of(reader.values(), [t.name for t in reader.tensors])
+    names = [t.name for t in reader.tensors]
+    return config_of(reader.values(), names, rope_factors(Path(path), reader))
 
 
-def config_of(metadata: Mapping[str, Any], tensor_names: Collection[str]) -> GGUFConfig:
-    """The config of a file with this metadata (MetadataReader.values()) and these tensors."""
+def rope_factors(path: Path, reader: MetadataReader) -> np.ndarray | None:
+    """The file's rope_freqs table (Llama 3's scaling) as float32, or None when it has none."""
+    if not any(t.name == gguf_rope.FACTORS_TENSOR for t in reader.tensors):
+        return None
+    from paged_llm.engine.model import gguf_file
+
+    file = gguf_file.read(path, reader)
+    info = next(t for t in file.tensors if t.name == gguf_rope.FACTORS_TENSOR)
+    if info.type_name not in ("F32", "F16"):
+        raise ModelLoadError(f"{path}: its {info.name} is {info.type_name}, not F32 or F16")
+    dtype = np.float32 if info.type_name == "F32" else np.float16
+    return file.data(info).view(dtype).astype(np.float32)
+
+
+def config_of(
+    metadata: Mapping[str, Any],
+    tensor_names: Collection[str],
+    rope_factors: np.ndarray | None = None,
+) -> GGUFConfig:
+    """The config of a file with this metadata (MetadataReader.values()) and these tensors.
+
+    ``rope_factors``: the file's rope_freqs tensor, which a file with one must pass.
+    """
     architecture = str(metadata.get("general.architecture", ""))
     model_type = MODEL_TYPES.get(architecture)
     if model_type is None:
@@ -204,7 +231,11 @@ def config_of(metadata: Mapping[str, Any], tensor_names: Collection[str]) -> GGU
     heads = ints["num_attention_heads"]
     head_dim = ints.get("head_dim") or ints["hidden_size"] // heads
     layers = ints["num_hidden_layers"]
-    rope, local_rope = Rope(theta, head_dim), None
+    if gguf_rope.FACTORS_TENSOR in tensor_names and rope_factors is None:
+        raise ValueError(f"a file with {gguf_rope.FACTORS_TENSOR} needs its values passed")
+    scaled = gguf_rope.scaling(metadata, architecture, theta, head_dim, rope_factors)
+    rope = Rope(head_dim=head_dim, **scaled) if scaled is not None else Rope(theta, head_dim)
+    local_rope = None
     window = ints.get("sliding_window")
     softcaps: tuple[float | None, float | None] = (None, None)
     if model_type == "mistral":
@@ -241,7 +272,7 @@ def config_of(metadata: Mapping[str, Any], tensor_names: Collection[str]) -> GGU
         eos_token_id=ints.get("eos_token_id"),
         pad_token_id=ints.get("pad_token_id"),
     )
-    ignored = _ignored(metadata, tensor_names, config, set(keys))
+    ignored = _ignored(metadata, config, set(keys))
     return dataclasses.replace(config, ignored=ignored) if ignored else config
 
 
@@ -259,8 +290,8 @@ def _number(name: str, value: Any) -> float:
     return float(value)
 
 
-# llama.cpp's keys that change the forward where transformers maps nothing to them.
-_SCALING_KEYS = ("rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length")
+# llama.cpp's keys that change the forward where transformers maps nothing to them (rope
+# scaling aside: gguf_rope.py applies it on both paths).
 _VALUED_KEYS = (
     "attention.key_length",
     "attention.sliding_window",
@@ -269,13 +300,10 @@ _VALUED_KEYS = (
 )
 
 
-def _ignored(
-    metadata: Mapping[str, Any], tensors: Collection[str], config: GGUFConfig, mapped: set[str]
-) -> tuple[str, ...]:
-    """The file's forward-changing keys transformers skips (and Llama 3's rope factor tensor).
+def _ignored(metadata: Mapping[str, Any], config: GGUFConfig, mapped: set[str]) -> tuple[str, ...]:
+    """The file's forward-changing keys transformers skips, where their value is not the one used.
 
-    A key with a counterpart in the config counts only where the file's value differs from
-    the one used (Gemma 2's usual soft-caps are the class's defaults anyway).
+    Gemma 2's usual soft-caps are the class's defaults anyway: only another value counts.
     """
     prefix = f"{config.architecture}."
     used = {
@@ -284,17 +312,13 @@ def _ignored(
         "attn_logit_softcapping": config.attn_logit_softcapping,
         "final_logit_softcapping": config.final_logit_softcapping,
     }
-    scaled = metadata.get(prefix + "rope.scaling.type", "none") not in ("none", "")
-    found = [
+    return tuple(
         prefix + suffix
-        for suffix in (*_SCALING_KEYS, *_VALUED_KEYS)
+        for suffix in _VALUED_KEYS
         if prefix + suffix in metadata
         and prefix + suffix not in mapped
-        and (scaled if suffix in _SCALING_KEYS else metadata[prefix + suffix] != used[suffix])
-    ]
-    if "rope_freqs.weight" in tensors:  # llama.cpp's form of llama3 rope scaling
-        found.append("rope_freqs.weight")
-    return tuple(found)
+        and metadata[prefix + suffix] != used[suffix]
+    )
 
 
 def _refusal(architecture: str) -> UnsupportedModelError:

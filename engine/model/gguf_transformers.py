@@ -11,6 +11,7 @@ from collections.abc import Callable, Container, Iterator
 from pathlib import Path
 from typing import Any
 
+from paged_llm.engine.model import gguf_rope
 from paged_llm.engine.model.architectures import check_supported
 from paged_llm.engine.model.cache_folder import cache_folder, publish_folder
 from paged_llm.engine.model.gguf_metadata import MetadataReader, Unreadable, passing_parsed
@@ -26,9 +27,12 @@ def config_and_tokenizer(gguf: Path, cache_dir: Path | None) -> tuple[Any, Any]:
             AutoConfig.from_pretrained(folder, local_files_only=True),
             AutoTokenizer.from_pretrained(folder, local_files_only=True),
         )
-    with _metadata_parsed_once():
+    with _metadata_parsed_once() as parse:
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
         check_supported(config)  # before the slower tokenizer
+        # A file only gguf's reader reads (big-endian): transformers' config as it is
+        with contextlib.suppress(Unreadable):
+            with_file_rope(config, gguf, parse(gguf))
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if folder is not None:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -40,6 +44,30 @@ def config_and_tokenizer(gguf: Path, cache_dir: Path | None) -> tuple[Any, Any]:
     return config, tokenizer
 
 
+def with_file_rope(config: Any, gguf: Path, reader: MetadataReader | None = None) -> None:
+    """Give transformers' config of the file the rope scaling its loader skips (gguf_rope.py).
+
+    ``reader``: the file's metadata when parsed already.
+    """
+    from paged_llm.engine.model import native_model
+    from paged_llm.engine.model.gguf_config import rope_factors
+
+    reader = reader if reader is not None else MetadataReader(gguf)
+    kinds = native_model.rope_kinds(config)
+    theta = (kinds.get("full_attention") or kinds.get(None) or {}).get("rope_theta")
+    if theta is None:
+        return
+    metadata = reader.values()
+    scaled = gguf_rope.scaling(
+        metadata,
+        str(metadata.get("general.architecture", "")),
+        float(theta),
+        native_model.head_dim(config),
+        rope_factors(gguf, reader),
+    )
+    gguf_rope.apply(config, scaled)
+
+
 # One first-time conversion at a time: two at once could each restore the other's patch.
 _PARSE_LOCK = threading.Lock()
 # Arrays this long go to load_gguf_checkpoint parsed whole: a vocabulary's, never a
@@ -49,8 +77,10 @@ _ATOMS = (str, int, float, bool, type(None))
 
 
 @contextlib.contextmanager
-def _metadata_parsed_once() -> Iterator[None]:
+def _metadata_parsed_once() -> Iterator[Callable[[Any], MetadataReader]]:
     """Within it, transformers takes a GGUF file's metadata from one parse however often it asks.
+
+    It gives the function that returns a file's one parse (Unreadable where it cannot read it).
 
     AutoConfig and AutoTokenizer read the file's metadata four times: three through
     transformers' ``read_gguf_metadata`` (the config's and the tokenizer's architecture
@@ -127,7 +157,7 @@ def _metadata_parsed_once() -> Iterator[None]:
         for module, _ in readers:
             module.read_gguf_metadata = read_metadata
         try:
-            yield
+            yield parse
         finally:
             if original is not None:
                 gguf_utils.load_gguf_checkpoint = original

@@ -21,10 +21,10 @@ from paged_llm.engine.config import EngineConfig
 from paged_llm.engine.core.sequence import SamplingParams
 from paged_llm.engine.errors import ModelLoadError
 from paged_llm.engine.llm_engine import LLMEngine
-from paged_llm.engine.model import selector
+from paged_llm.engine.model import gguf_rope, selector
 from paged_llm.engine.model.cpu_model import read_weights
 from paged_llm.engine.model.cpu_runner import CpuRunner
-from paged_llm.engine.model.gguf_config import config_of
+from paged_llm.engine.model.gguf_config import config_of, rope_factors
 from paged_llm.engine.model.gguf_metadata import MetadataReader
 from paged_llm.engine.model.loaded import NUMPY
 from paged_llm.engine.model.runner import ModelRunner
@@ -80,6 +80,9 @@ def metadata(hf: Any) -> dict[str, Any]:
     if "full_attention" in rope:
         rope = rope["full_attention"]
     values["rope.freq_base"] = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    if rope.get("rope_type") == "linear":  # llama3's is the file's rope_freqs tensor
+        values["rope.scaling.type"] = "linear"
+        values["rope.scaling.factor"] = rope["factor"]
     if arch == "llama":
         values["rope.dimension_count"] = hf.head_dim
     if arch.startswith("gemma"):
@@ -96,7 +99,8 @@ def numpy_engine(path: Path, theirs: LLMEngine) -> LLMEngine:
     runner are the numpy path's own.
     """
     reader = MetadataReader(path)
-    config = config_of(metadata(theirs.loaded.model.config), [t.name for t in reader.tensors])
+    names = [t.name for t in reader.tensors]
+    config = config_of(metadata(theirs.loaded.model.config), names, rope_factors(path, reader))
     loaded = dataclasses.replace(
         theirs.loaded,
         model=read_weights(path, config),
@@ -141,17 +145,8 @@ def test_every_architecture_and_format_gives_the_torch_paths_tokens(
     assert got == want
 
 
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_gemma3_gives_the_torch_paths_logits_and_transformers_tokens(
-    tmp_path: Path, tied: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Gemma 3: five sliding layers on their own rotary base, then a full one; q/k norms,
-    norms stored as 1 + w, a scaled embedding. The numpy runner's logits are the torch
-    path's at every step (bit for bit when measured), its tokens transformers' own model's.
-
-    The numpy runner reads the file's metadata, which cannot say Gemma 3's layer pattern or
-    query scalar; the tiny model is given those a file implies (gguf_files.gguf_config).
-    """
+def record_logits(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[np.ndarray]]:
+    """From now on, a float32 copy of every step's logits, by runner ("numpy", "torch")."""
     seen: dict[str, list[np.ndarray]] = {"numpy": [], "torch": []}
     for name, cls in (("numpy", NumpySampler), ("torch", Sampler)):
         sample = cls.sample
@@ -163,19 +158,81 @@ def test_gemma3_gives_the_torch_paths_logits_and_transformers_tokens(
             return _s(self, logits, seqs)
 
         monkeypatch.setattr(cls, "sample", record)
+    return seen
+
+
+def farthest(ours: list[np.ndarray], theirs: list[np.ndarray]) -> float:
+    """The largest step-wise logit gap, relative to that step's range of logits."""
+    assert len(ours) == len(theirs) > 1
+    return max(
+        float(np.abs(a - b).max() / (b.max() - b.min())) for a, b in zip(ours, theirs, strict=True)
+    )
+
+
+def transformers_tokens(path: Path, cache: Path) -> list[list[int]]:
+    """Greedy tokens of PROMPTS from transformers' model of the file, its own forward."""
+    settings = engine_config(str(path), "torch", cache)
+    oracle = LLMEngine(load_model(settings, native_model=False), settings)
+    assert isinstance(oracle.runner, ModelRunner)
+    oracle.runner.native = None  # as tests/engine/test_native_forward.py sets it
+    return greedy_together(oracle, PROMPTS, 12)
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_gemma3_gives_the_torch_paths_logits_and_transformers_tokens(
+    tmp_path: Path, tied: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemma 3: five sliding layers on their own rotary base, then a full one; q/k norms,
+    norms stored as 1 + w, a scaled embedding. The numpy runner's logits are the torch
+    path's at every step (bit for bit when measured), its tokens transformers' own model's.
+
+    The numpy runner reads the file's metadata, which cannot say Gemma 3's layer pattern or
+    query scalar; the tiny model is given those a file implies (gguf_files.gguf_config).
+    """
+    seen = record_logits(monkeypatch)
     path = write_gguf(tmp_path / "m", "gemma3", {"*": QK.Q8_0}, tmp_path / "cache", tied=tied)
     got, want = both(str(path), tmp_path / "cache")
     assert got == want
     assert len({tuple(tokens) for tokens in got}) == len(PROMPTS)
-    assert len(seen["numpy"]) == len(seen["torch"]) > 1
-    for ours, theirs in zip(seen["numpy"], seen["torch"], strict=True):
-        assert np.abs(ours - theirs).max() <= 1e-5 * (theirs.max() - theirs.min())
-    # transformers' model of the file through its own forward, not the C one
-    settings = engine_config(str(path), "torch", tmp_path / "cache")
-    oracle = LLMEngine(load_model(settings, native_model=False), settings)
-    assert isinstance(oracle.runner, ModelRunner)
-    oracle.runner.native = None  # as tests/engine/test_native_forward.py sets it
-    assert greedy_together(oracle, PROMPTS, 12) == want
+    assert farthest(seen["numpy"], seen["torch"]) <= 1e-5
+    assert transformers_tokens(path, tmp_path / "cache") == want
+
+
+# Llama 3.2's scaling on the tiny llama's base (whose bands then cover a third of the
+# dimensions), and Gemma 3 4B's linear factor on the tiny Gemma 3's full layer.
+_LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+_LINEAR = {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}
+
+
+@pytest.mark.parametrize(("arch", "rope"), [("llama", _LLAMA3), ("gemma3", _LINEAR)])
+def test_a_files_rope_scaling_gives_transformers_tokens(
+    tmp_path: Path, arch: str, rope: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file's rope scaling (llama.cpp's rope_freqs table, or its linear keys) is run on
+    both paths as the model's own config states it: the numpy runner's logits are the torch
+    path's, its tokens transformers' own model's on that config. Run unscaled, as
+    transformers' GGUF loader would, the logits depart far beyond that bound.
+    """
+    seen = record_logits(monkeypatch)
+    cache = tmp_path / "cache"
+    path = write_gguf(tmp_path / "m", arch, {"*": QK.Q8_0}, cache, tied=False, rope=rope)
+    got, want = both(str(path), cache)
+    assert got == want
+    assert farthest(seen["numpy"], seen["torch"]) <= 1e-5
+    assert transformers_tokens(path, cache) == want
+    scaled = seen["numpy"][:]
+    seen["numpy"].clear()
+    monkeypatch.setattr(gguf_rope, "scaling", lambda *args: None)
+    unscaled = numpy_engine(path, engine(str(path), "torch", cache))
+    greedy_together(unscaled, PROMPTS, 12)
+    assert farthest(seen["numpy"], scaled) > 1e-3
 
 
 def test_seeded_sampling_is_reproducible_run_to_run() -> None:

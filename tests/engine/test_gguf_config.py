@@ -16,9 +16,10 @@ from transformers.models.gemma3 import Gemma3TextConfig
 from paged_llm.engine.errors import ModelLoadError, UnsupportedModelError
 from paged_llm.engine.model import native_model
 from paged_llm.engine.model.gguf_config import GGUFConfig, read_config
+from paged_llm.engine.model.gguf_transformers import with_file_rope
 from paged_llm.engine.model.loader import bundled_gguf_path
 from paged_llm.engine.model.rope import Rope, cos_sin, inverse_frequencies, tables
-from tests.helpers.gguf_files import write_gguf
+from tests.helpers.gguf_files import converter_llama3_table, write_gguf
 from tests.helpers.without_torch import BLOCKED, run_without_torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,16 +130,35 @@ _GEMMA3 = {
 }
 _SCALED = {"rope.scaling.type": "linear", "rope.scaling.factor": 8.0}
 
+
+# Tensors write_metadata_gguf writes with these values (others: ones)
+TENSORS = {"rope_freqs.weight": converter_llama3_table(500000.0, 64, 32.0)}
+# The rope scaling of the model each scaled case stands for, as its config.json states it
+# (transformers' GGUF loader skips it; both engine paths apply it): Llama 3.2 1B's, and
+# linear factor 8 as Gemma 3 4B has it on its global layers.
+SCALINGS: dict[str, dict[str, Any]] = {
+    "llama3.2": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "llama-linear": {"rope_type": "linear", "rope_theta": 500000.0, "factor": 8.0},
+    "gemma3-scaled": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+}
+
 # name -> (architecture, metadata, tied, extra tensors, the keys transformers ignores)
 CASES: dict[str, tuple[str, dict[str, Any], bool, tuple[str, ...], tuple[str, ...]]] = {
-    # llama.cpp writes Llama 3's rope scaling as a tensor of factors, which transformers skips
-    "llama3.2": ("llama", _LLAMA32, True, ("rope_freqs.weight",), ("rope_freqs.weight",)),
+    # llama.cpp writes Llama 3's rope scaling as a tensor of factors
+    "llama3.2": ("llama", _LLAMA32, True, ("rope_freqs.weight",), ()),
     "llama-linear": (
         "llama",
         _LLAMA32 | {f"llama.{k}": v for k, v in _SCALED.items()},
         False,
         (),
-        ("llama.rope.scaling.type", "llama.rope.scaling.factor"),
+        (),
     ),
     # the window transformers' MistralConfig has anyway (4096): nothing ignored
     "mistral": ("llama", _MISTRAL | {"llama.attention.sliding_window": 4096}, False, (), ()),
@@ -177,7 +197,7 @@ CASES: dict[str, tuple[str, dict[str, Any], bool, tuple[str, ...], tuple[str, ..
         _GEMMA3 | {f"gemma3.{k}": v for k, v in _SCALED.items()},
         True,
         (),
-        ("gemma3.rope.scaling.type", "gemma3.rope.scaling.factor"),
+        (),
     ),
     # nothing but the shape's essentials: the config classes' defaults fill the rest
     "llama-bare": ("llama", {"llama.block_count": 2}, False, (), ()),
@@ -208,7 +228,8 @@ def write_metadata_gguf(
     writer.add_token_list([f"t{i}" for i in range(vocab)])
     writer.add_tensor("token_embd.weight", np.zeros((vocab, 8), np.float32))
     for name in tensors if tied else ("output.weight", *tensors):
-        writer.add_tensor(name, np.ones((vocab if name == "output.weight" else 4, 8), np.float32))
+        shape = (vocab if name == "output.weight" else 4, 8)
+        writer.add_tensor(name, TENSORS.get(name, np.ones(shape, np.float32)))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -292,7 +313,14 @@ def test_config_equals_transformers(tmp_path: Path, case: str) -> None:
     arch, metadata, tied, tensors, ignored = CASES[case]
     path = write_metadata_gguf(tmp_path / f"{case}.gguf", arch, metadata, tied, tensors)
     ours = read_config(path)
-    assert_same(ours, transformers_config(path))
+    theirs = transformers_config(path)
+    if case in SCALINGS:
+        scaled = "full_attention" if arch == "gemma3" else None
+        assert native_model.rope_kinds(theirs)[scaled]["rope_type"] == "default"
+        # the torch path's config: transformers' with the model's own scaling
+        with_file_rope(theirs, path)
+        assert native_model.rope_kinds(theirs)[scaled] == SCALINGS[case]
+    assert_same(ours, theirs)
     assert ours.ignored == ignored
 
 
@@ -369,6 +397,7 @@ def test_rope_tables_equal_transformers(tmp_path: Path, case: str) -> None:
     arch, metadata, tied, tensors, _ = CASES[case]
     path = write_metadata_gguf(tmp_path / f"{case}.gguf", arch, metadata, tied, tensors)
     ours, theirs = read_config(path), transformers_config(path)
+    with_file_rope(theirs, path)  # the torch path's config: Llama 3.2's scaling applied
     module = rotary(theirs)
     if ours.local_rope is None:
         assert_tables(ours.rope, module)
@@ -446,6 +475,34 @@ def test_unsupported_architecture_is_refused(tmp_path: Path, arch: str) -> None:
 def test_unsupported_rope_type_is_refused(kind: str) -> None:
     with pytest.raises(UnsupportedModelError, match=rf"'{kind}'.*`paged-llm\[engine\]`"):
         Rope(1e6, 128, kind, 4.0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "table", "feature"),
+    [
+        ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, None, "'yarn'"),
+        ({"llama.rope.scaling.type": "longrope"}, None, "'longrope'"),
+        # a table of other band limits (low 2, high 8, 4096 tokens) than Llama 3's
+        ({}, converter_llama3_table(500000.0, 64, 32.0, 2.0, 8.0, 4096), "not Llama 3's"),
+        ({}, np.full(16, 2.0, np.float32), "table of 16 values"),
+        ({"llama.rope.scaling.type": "linear"}, TENSORS["rope_freqs.weight"], "beside 'linear'"),
+    ],
+    ids=["yarn", "longrope", "other-bands", "short-table", "both"],
+)
+def test_rope_scaling_neither_path_runs_exactly_is_refused(
+    tmp_path: Path, fields: dict[str, Any], table: np.ndarray | None, feature: str
+) -> None:
+    """Refused by name on both paths, not run with rotary embeddings it was not trained on."""
+    tensors = ("rope_freqs.weight",) if table is not None else ()
+    path = tmp_path / "model.gguf"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(TENSORS, "rope_freqs.weight", table)
+        write_metadata_gguf(path, "llama", _LLAMA32 | fields, True, tensors)
+    with pytest.raises(UnsupportedModelError, match=feature) as raised:
+        read_config(path)
+    assert "runs linear scaling and Llama 3's" in str(raised.value)
+    with pytest.raises(UnsupportedModelError, match=feature):
+        with_file_rope(transformers_config(path), path)
 
 
 def test_llama3_rope_needs_its_parameters() -> None:

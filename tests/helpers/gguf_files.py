@@ -10,6 +10,7 @@ them, so the file needs only its tensors and architecture.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,27 @@ _SCALES = {
 }
 
 
+def converter_llama3_table(
+    base: float, dim: int, factor: float, low: float = 1.0, high: float = 4.0, old: int = 8192
+) -> np.ndarray:
+    """The rope_freqs table llama.cpp's convert_hf_to_gguf.py writes for Llama 3's scaling.
+
+    Its LlamaModel.generate_extra_tensors, step by step in torch as it computes it.
+    """
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    table: list[Any] = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            table.append(1)
+        elif wavelen > old / low:
+            table.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            table.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(table, dtype=torch.float32).numpy()
+
+
 def random_blocks(kind: QK, rows: int, k: int, seed: int) -> np.ndarray:
     """Valid random blocks of a type: random bytes with finite fp16 scales of a sane size."""
     block, size = gguf.GGML_QUANT_SIZES[kind]
@@ -85,13 +107,16 @@ def write_gguf(
     cache_dir: Path,
     tied: bool = False,
     metadata: Callable[[gguf.GGUFWriter, Any], None] | None = None,
+    rope: dict[str, Any] | None = None,
 ) -> Path:
     """Write a tiny ``arch`` model as ``folder/model.gguf``; ``kinds`` maps name parts to types.
 
     A matrix takes the type of the first key of ``kinds`` found in its GGUF name (``"*"``
     for the rest); 1-D tensors stay F32. ``tied``: the head is the embedding (no output
     tensor), as in every Gemma 2 file. ``metadata(writer, config)`` adds keys (a config, a
-    vocabulary) to the file, which otherwise holds tensors only. Returns the file's path.
+    vocabulary) to the file, which otherwise holds tensors only. ``rope``: rope scaling
+    parameters for the model's config (Gemma 3: its global layers'); a llama3 one is also
+    written as llama.cpp's converter writes it, a rope_freqs tensor. Returns the file's path.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -100,6 +125,11 @@ def write_gguf(
     torch.manual_seed(0)
     config = gguf_config(arch)
     config.tie_word_embeddings = tied or config.tie_word_embeddings
+    if rope is not None:
+        kinds = config.rope_parameters
+        config.rope_parameters = (
+            {**kinds, "full_attention": rope} if "full_attention" in kinds else rope
+        )
     model = AutoModelForCausalLM.from_config(config)
     arch_name = {"llama": "llama", "qwen2": "qwen2", "gemma2": "gemma2", "gemma3": "gemma3"}[arch]
     table = gguf.get_tensor_name_map(
@@ -131,6 +161,9 @@ def write_gguf(
             writer.add_tensor(name, blocks, raw_dtype=kind)
         else:
             writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+    if rope is not None and rope["rope_type"] == "llama3":
+        table = converter_llama3_table(rope["rope_theta"], config.head_dim, rope["factor"])
+        writer.add_tensor("rope_freqs.weight", table)
     if metadata is not None:
         metadata(writer, config)
     writer.write_header_to_file()
