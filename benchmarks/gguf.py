@@ -231,6 +231,18 @@ async def paged_completion(
 Complete = Callable[[Any, str, list[int], int], Coroutine[Any, Any, tuple[float, float, int]]]
 
 
+def http_session() -> Any:
+    """A benchmark's aiohttp session (opened in a coroutine): no time limit, a connection each.
+
+    A connection per request: llama-server (cpp-httplib) drops idle keep-alive connections
+    after a few seconds, and a reused dead one fails the next request.
+    """
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+
+
 async def measure(
     url: str, complete: Complete, plan: Plan, prompts: Prompts, out: dict[str, Any]
 ) -> None:
@@ -238,13 +250,7 @@ async def measure(
 
     Figures go into ``out`` as they come, so a failure late keeps the earlier ones.
     """
-    import aiohttp
-
-    # A connection per request: llama-server (cpp-httplib) drops idle keep-alive
-    # connections after a few seconds, and a reused dead one fails the next request.
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with http_session() as session:
         started = time.monotonic()
         await complete(session, url, prompts.fresh(SHORT_PROMPT), 8)
         out["warmup_s"] = time.monotonic() - started

@@ -52,6 +52,7 @@ from .gguf import (
     PAGED_LLM,
     Prompts,
     built_kernels,
+    http_session,
     machine,
     paged_completion,
     paged_version,
@@ -148,11 +149,7 @@ async def measure(url: str, plan: Plan, prompts: Prompts, out: dict[str, Any]) -
 
     Figures go into ``out`` as they come, so a failure late keeps the earlier ones.
     """
-    import aiohttp
-
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with http_session() as session:
         started = time.monotonic()
         await paged_completion(session, url, prompts.fresh(SHORT_PROMPT), 8)
         out["warmup_s"] = time.monotonic() - started
