@@ -33,6 +33,7 @@ Prints a markdown table per file with ours / llama.cpp ratios, writes
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import functools
@@ -63,10 +64,12 @@ from .gguf_models import (
     parse_list,
     shape_of,
 )
+from .install import CHECKOUT, INSTALLS, program
 from .llama_cpp import LlamaServer, build_server, skip_reason, stream_completion
 from .process import ServerProcess, free_port
 
-PAGED_LLM = ROOT / ".venv" / "bin" / "paged-llm"
+# The paged-llm program the runs start (install.py): the checkout's venv until use_install.
+_USING: dict[str, Any] = {"install": "checkout", "program": CHECKOUT}
 # The engine's C kernels, built once per bench run and shared by every fresh cache folder:
 # llama-server is built ahead of time too, and the engine compiles them once per machine,
 # not per model (about 6 s on 2 cores), so a model's first load is timed without it.
@@ -149,10 +152,21 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+def use_install(install: str) -> None:
+    """Start paged-llm as ``install`` (install.INSTALLS) gives it from now on."""
+    _USING.update(install=install, program=program(install))
+    built_kernels.cache_clear()
+
+
+def paged_llm() -> Path:
+    """The ``paged-llm`` program the runs start."""
+    return Path(_USING["program"])
+
+
 def serve_flags() -> str:
     """``paged-llm serve --help``: which flags this checkout's server has (no torch import)."""
     return subprocess.run(
-        [str(PAGED_LLM), "serve", "--help"], capture_output=True, text=True, check=True
+        [str(paged_llm()), "serve", "--help"], capture_output=True, text=True, check=True
     ).stdout
 
 
@@ -170,7 +184,7 @@ class PagedServer(ServerProcess):
         )
         port = free_port()
         command = [
-            str(PAGED_LLM), "serve", str(gguf), "--device", "cpu", "--weights", "auto",
+            str(paged_llm()), "serve", str(gguf), "--device", "cpu", "--weights", "auto",
             "--kv-budget", str(self.kv_bytes), "--max-model-len", str(plan.kv_tokens),
             "--max-num-seqs", str(plan.batch), "--cache-dir", str(cache_dir),
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "INFO",
@@ -339,8 +353,10 @@ def run_llama(
 def built_kernels() -> Path:
     """The engine's kernels built (once a run) into KERNELS, and its bytecode compiled."""
     KERNELS.mkdir(parents=True, exist_ok=True)
-    python = PAGED_LLM.parent / "python"
+    python = paged_llm().parent / "python"
     subprocess.run([str(python), "-c", _BUILD_KERNELS, str(KERNELS)], check=True)
+    if _USING["install"] != "checkout":
+        return KERNELS  # installed with its bytecode
     # An installed wheel comes with bytecode (pip compiles it); an editable checkout where
     # Python may not write it (PYTHONDONTWRITEBYTECODE) would compile every module at each
     # start, ~0.1 s of a first load that llama-server does not pay.
@@ -518,6 +534,17 @@ def machine() -> dict[str, Any]:
     }
 
 
+def add_install_option(parser: argparse.ArgumentParser) -> None:
+    """``--install``: paged-llm as a user installs it (the default), or the checkout's venv."""
+    parser.add_argument(
+        "--install",
+        choices=INSTALLS,
+        default="user",
+        help="user: the checkout's wheel with the cpu extra in a venv of its own (as pip "
+        "install 'paged-llm[cpu]' gives it); checkout: the checkout's own .venv",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line: make the files that are missing, run both systems on each, report."""
     parser = argument_parser("gguf", __doc__)
@@ -537,6 +564,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench_results")
     parser.add_argument("--img", type=Path, default=ROOT / "docs" / "img")
+    add_install_option(parser)
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else Plan()
     if args.tokens is not None:
@@ -552,6 +580,7 @@ def main(argv: list[str] | None = None) -> None:
     binary = build_server()
     if binary is None:
         raise SystemExit(skip_reason())
+    use_install(args.install)
     if args.bundled:
         from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
 
@@ -567,6 +596,7 @@ def main(argv: list[str] | None = None) -> None:
         "plan": asdict(plan),
         "quick": args.quick,
         "rounds": args.rounds,
+        "install": args.install,
         "files": [],
     }
     path = args.out / f"gguf-{stamp}.json"

@@ -49,14 +49,16 @@ from typing import Any
 
 from . import ROOT, argument_parser
 from .gguf import (
-    PAGED_LLM,
     Prompts,
+    add_install_option,
     built_kernels,
     http_session,
     machine,
     paged_completion,
+    paged_llm,
     paged_version,
     quiet,
+    use_install,
 )
 from .gguf_models import BUNDLED_SHAPE, SHAPES, Shape, ensure_models, parse_list
 from .process import ServerProcess, free_port
@@ -116,7 +118,7 @@ class ModelServer(ServerProcess):
         """The command: only the KV budget set, the rest the engine's defaults."""
         port = free_port()
         command = [
-            str(PAGED_LLM), "serve", str(gguf), "--device", "cpu",
+            str(paged_llm()), "serve", str(gguf), "--device", "cpu",
             "--kv-budget", f"{plan.kv_budget_mib}MiB", "--cache-dir", str(cache_dir),
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "INFO",
         ]  # fmt: skip
@@ -299,6 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kv-budget-mib", type=int, default=KV_BUDGET_MIB)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench_results")
+    add_install_option(parser)
     args = parser.parse_args(argv)
     plan = replace(
         defaults,
@@ -309,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         kv_budget_mib=args.kv_budget_mib,
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    use_install(args.install)
     files: list[tuple[str, str, Shape, Path]] = []  # (key, name, shape, file)
     if args.bundled:
         from paged_llm.defaults import BUNDLED_PREFIX, DEFAULT_MODEL, bundled_gguf
@@ -330,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": machine(),
         "plan": asdict(plan),
         "probe_bandwidth_bytes_s": bandwidth,
+        "install": args.install,
         "files": [],
     }
     for key, name, shape, gguf in files:

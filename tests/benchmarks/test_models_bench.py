@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import ROOT
 from benchmarks.gguf_models import SHAPES
+from benchmarks.install import requirements
 from benchmarks.models import (
     CATALOGUE_SHAPES,
     KV_BUDGET_MIB,
@@ -92,6 +93,7 @@ def test_the_benchmark_measures_the_bundled_model(
             "--question-tokens", "10",
             "--kv-budget-mib", "64",
             "--out", str(tmp_path),
+            "--install", "checkout",  # no wheel build and venv in the suite
         ]
     )  # fmt: skip
     out = capsys.readouterr().out
@@ -112,3 +114,13 @@ def test_the_benchmark_measures_the_bundled_model(
     assert result["kv"]["tokens"] > 0
     assert result["kv"]["dtype"] in ("float16", "float32")
     assert entry["computed"]["voice_cached_s"] > 0
+
+
+def test_a_user_install_takes_the_cpu_extras_requirements_but_the_prebuilt_kernels() -> None:
+    """What ``--install user`` puts beside the wheel: pyproject's lists, the kernels aside."""
+    wanted = requirements()
+    names = {re.split(r"[<>=;\[ ]", line, maxsplit=1)[0] for line in wanted}
+    assert {"aiohttp", "prometheus-client", "numpy", "tokenizers", "jinja2", "gguf"} <= names
+    assert "llguidance" in names
+    assert not any(name.startswith("paged-llm") for name in names)
+    assert not {"torch", "transformers"} & names
