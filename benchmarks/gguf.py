@@ -75,11 +75,16 @@ _USING: dict[str, Any] = {"install": "checkout", "program": CHECKOUT}
 # not per model (about 6 s on 2 cores), so a model's first load is timed without it.
 KERNELS = ROOT / ".cache" / "bench-kernels"
 _BUILD_KERNELS = """
+import importlib.util
 import sys
 from pathlib import Path
 from paged_llm.kernels.cpu import attention as cpu_attention, forward as cpu_forward
-from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels, quant as cpu_quant
-for kernels in (gguf_kernels, cpu_forward, cpu_attention, cpu_quant):
+from paged_llm.kernels.cpu import gguf_matmul as gguf_kernels
+every = [gguf_kernels, cpu_forward, cpu_attention]
+if importlib.util.find_spec("torch") is not None:  # the torch path's own (a user install has none)
+    from paged_llm.kernels.cpu import quant as cpu_quant
+    every.append(cpu_quant)
+for kernels in every:
     reason = kernels.unavailable(Path(sys.argv[1]))
     if reason is not None:
         print(reason, file=sys.stderr)
