@@ -540,13 +540,18 @@ def machine() -> dict[str, Any]:
 
 
 def add_install_option(parser: argparse.ArgumentParser) -> None:
-    """``--install``: paged-llm as a user installs it (the default), or the checkout's venv."""
+    """``--install``: the checkout's venv (the default, as every published figure), or a user's.
+
+    On 2026-12-07 (bundled file, quiet, 2 rounds each) the user install started slower (0.79
+    against 0.64 s) and decoded one request slower (96 against 108 tok/s) than the checkout's
+    venv, with numpy 2.5.5 against 2.3.2 the plain difference; not yet explained.
+    """
     parser.add_argument(
         "--install",
         choices=INSTALLS,
-        default="user",
-        help="user: the checkout's wheel with the cpu extra in a venv of its own (as pip "
-        "install 'paged-llm[cpu]' gives it); checkout: the checkout's own .venv",
+        default="checkout",
+        help="checkout: the checkout's own .venv; user: the checkout's wheel with the cpu "
+        "extra in a venv of its own (as pip install 'paged-llm[cpu]' gives it)",
     )
 
 
